@@ -1,0 +1,1 @@
+"""A Hydra-configured training application with an Accelerator-compatible runtime."""

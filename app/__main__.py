@@ -1,0 +1,51 @@
+"""Entry point: ``python -m app [overrides]``.
+
+Hydra composes and type-checks the config (a typo key, a wrong type or an unknown option stops here
+with Hydra's message); ``OmegaConf.to_object`` turns it into dataclasses once; cross-field rules
+run next; then the job runs in this process or, for multi-process hardware, in workers started by
+torch's elastic launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from app.config import ConfigError, RunConfig, register_configs
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+log = logging.getLogger("app")
+
+register_configs()
+
+
+def fail(message: str) -> None:
+    """One sentence on stderr (and in the run's log), then a non-zero exit."""
+    log.error(message)
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+@hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
+def main(dict_cfg: DictConfig) -> float | None:
+    try:
+        cfg: RunConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
+    except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
+        fail(f"invalid configuration: {err}".splitlines()[0])
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from app.launch import launch
+
+    try:
+        return launch(cfg, run_dir)
+    except ConfigError as err:
+        fail(str(err))
+    return None
+
+
+if __name__ == "__main__":
+    main()

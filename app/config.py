@@ -1,0 +1,267 @@
+"""Typed run configuration: one dataclass per Hydra config group.
+
+Every YAML under ``conf/`` names its schema first in ``defaults`` so a typo key, a wrong type or an
+unknown enum value is rejected by Hydra when the config is composed, before anything trains.
+``OmegaConf.to_object`` turns the composed config into these dataclasses once, in ``app.__main__``;
+nothing below the entry point reads a ``DictConfig``.
+
+Rules that span several fields (fp16 on CPU, ``total_limit < 1``...) live in :func:`validate` and
+fail with one sentence as :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot work; the message is one sentence for the user."""
+
+
+class HardwareKind(enum.Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+    multi_cpu = "multi_cpu"
+    multi_gpu = "multi_gpu"
+    fsdp = "fsdp"
+
+
+class PrecisionMode(enum.Enum):
+    no = "no"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+class MonitorMode(enum.Enum):
+    min = "min"
+    max = "max"
+
+
+class Tracker(enum.Enum):
+    tensorboard = "tensorboard"
+    wandb = "wandb"
+
+
+@dataclass
+class HardwareConfig:
+    """Where the run executes."""
+
+    kind: HardwareKind = HardwareKind.cpu
+    """cpu, gpu (one CUDA device), multi_cpu (DDP on gloo), multi_gpu (DDP on nccl), fsdp (FSDP2)."""
+    num_processes: int = 1
+    """Worker processes on this machine; more than one needs a multi-process kind."""
+    num_nodes: int = 1
+    """Machines taking part; with more than one, launch with torchrun on every node."""
+    collective_timeout_s: float = 120.0
+    """A collective that waits longer than this fails the run instead of hanging it."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+
+
+@dataclass
+class PrecisionConfig:
+    """Numeric precision of forward/backward; weights and optimizer states stay in fp32."""
+
+    mode: PrecisionMode = PrecisionMode.no
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer, built with ``hydra.utils.instantiate(optim, params=...)``."""
+
+    _target_: str = "torch.optim.AdamW"
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    _target_: str = "torch.optim.AdamW"
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+
+
+@dataclass
+class SGDConfig(OptimConfig):
+    _target_: str = "torch.optim.SGD"
+    lr: float = 0.1
+    weight_decay: float = 0.0
+    momentum: float = 0.9
+    nesterov: bool = False
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule, stepped once per optimizer step (whatever the number of processes)."""
+
+    _target_: str = "app.engine.schedulers.linear_with_warmup"
+    warmup_steps: int = 0
+    """Linear warm-up from 0 over this many optimizer steps (takes precedence over warmup_ratio)."""
+    warmup_ratio: float = 0.0
+    """Warm-up as a fraction of the total optimizer steps, used when warmup_steps is 0."""
+
+
+@dataclass
+class TrainerConfig:
+    """The fixed training loop's knobs."""
+
+    max_epochs: int = 10
+    max_steps: int = -1
+    """Optimizer steps to run; -1 means ``max_epochs`` decides."""
+    batch_size: int = 32
+    """Per process, per micro-batch."""
+    eval_batch_size: int | None = None
+    """Per process; defaults to batch_size."""
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this value; null disables clipping."""
+    eval_every_n_steps: int | None = None
+    """Evaluate every N optimizer steps; null means at the end of every epoch."""
+    log_every_n_steps: int = 10
+    num_workers: int = 0
+    """DataLoader worker processes per training process."""
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    every_n_steps: int | None = None
+    """Save every N optimizer steps; null disables step checkpoints."""
+    every_epoch: bool = False
+    """Also save at the end of every epoch."""
+    total_limit: int | None = 3
+    """Keep at most this many recent checkpoints (the best one is kept in addition); null keeps all."""
+    keep_best: bool = True
+    """Never rotate out the checkpoint with the best ``early_stopping.monitor`` value."""
+    save_final_model: bool = True
+    """Export the trained model to ``<run folder>/model/`` at the end."""
+
+
+@dataclass
+class EarlyStoppingConfig:
+    """Stop when the monitored metric stops improving, or the loss is not finite."""
+
+    monitor: str = "eval/accuracy"
+    mode: MonitorMode = MonitorMode.max
+    patience: int | None = 3
+    """Evaluations without improvement before stopping; null disables metric-based stopping."""
+    min_delta: float = 0.0
+    """Smallest change that counts as an improvement."""
+    stop_on_nan: bool = True
+    """Stop at once if the training loss is NaN or infinite."""
+
+
+@dataclass
+class LoggingConfig:
+    trackers: list[Tracker] = field(default_factory=lambda: [Tracker.tensorboard])
+    """Experiment trackers; wandb runs offline unless WANDB_MODE/WANDB_API_KEY say otherwise."""
+    progress_bar: bool = True
+    project_name: str = "app"
+
+
+@dataclass
+class TaskConfig:
+    """Base of every task schema; each task adds its own fields (see ``app/tasks``)."""
+
+    name: str = MISSING
+
+
+@dataclass
+class RunConfig:
+    task: Any = MISSING
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: Any = MISSING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    seed: int = 42
+    resume: str | None = None
+    """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto``."""
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore; YAML options extend them by name."""
+    from app.tasks import TASK_SCHEMAS
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
+    cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
+    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
+    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
+    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
+    cs.store(group="early_stopping", name="early_stopping_schema", node=EarlyStoppingConfig)
+    cs.store(group="logging", name="logging_schema", node=LoggingConfig)
+    for name, schema in TASK_SCHEMAS.items():
+        cs.store(group="task", name=f"{name}_schema", node=schema)
+
+
+def validate(cfg: RunConfig, cuda_device_count: int) -> None:
+    """Cross-field rules; raises ConfigError with one sentence. Runs before any process group exists."""
+    t, hw, ckpt = cfg.trainer, cfg.hardware, cfg.checkpoint
+    positive = {
+        "trainer.batch_size": t.batch_size,
+        "trainer.gradient_accumulation_steps": t.gradient_accumulation_steps,
+        "trainer.log_every_n_steps": t.log_every_n_steps,
+        "hardware.num_processes": hw.num_processes,
+        "hardware.num_nodes": hw.num_nodes,
+    }
+    optional_positive = {
+        "trainer.eval_batch_size": t.eval_batch_size,
+        "trainer.eval_every_n_steps": t.eval_every_n_steps,
+        "trainer.max_grad_norm": t.max_grad_norm,
+        "checkpoint.every_n_steps": ckpt.every_n_steps,
+        "checkpoint.total_limit": ckpt.total_limit,
+        "early_stopping.patience": cfg.early_stopping.patience,
+    }
+    for key, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}.")
+    if t.max_epochs <= 0 and t.max_steps <= 0:
+        raise ConfigError("Set trainer.max_epochs or trainer.max_steps to a positive number.")
+    if t.num_workers < 0:
+        raise ConfigError(f"trainer.num_workers must be 0 or more, got {t.num_workers}.")
+    lr = getattr(cfg.optim, "lr", None)
+    if lr is None or lr <= 0:
+        raise ConfigError(f"optim.lr must be a positive number, got {lr}.")
+    if getattr(cfg.optim, "weight_decay", 0.0) < 0:
+        raise ConfigError(f"optim.weight_decay must be 0 or more, got {cfg.optim.weight_decay}.")
+    if not 0.0 <= cfg.scheduler.warmup_ratio < 1.0 or cfg.scheduler.warmup_steps < 0:
+        raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
+    if cfg.early_stopping.min_delta < 0:
+        raise ConfigError(f"early_stopping.min_delta must be 0 or more, got {cfg.early_stopping.min_delta}.")
+
+    uses_cuda = hw.kind in (HardwareKind.gpu, HardwareKind.multi_gpu) or (
+        hw.kind is HardwareKind.fsdp and cuda_device_count > 0
+    )
+    if hw.kind in (HardwareKind.gpu, HardwareKind.multi_gpu) and cuda_device_count == 0:
+        raise ConfigError(f"hardware={hw.kind.value} needs a CUDA GPU, but none is visible; use hardware=cpu.")
+    if cfg.precision.mode is PrecisionMode.fp16 and not uses_cuda:
+        raise ConfigError("precision=fp16 needs a CUDA GPU (loss scaling on CPU is not supported); use bf16 or no.")
+    multi = hw.kind in (HardwareKind.multi_cpu, HardwareKind.multi_gpu, HardwareKind.fsdp)
+    if not multi and (hw.num_processes > 1 or hw.num_nodes > 1):
+        raise ConfigError(
+            f"hardware={hw.kind.value} runs one process; use hardware=multi_cpu, multi_gpu or fsdp for "
+            f"hardware.num_processes={hw.num_processes}."
+        )
+    if multi and hw.num_processes * hw.num_nodes < 2:
+        raise ConfigError(
+            f"hardware={hw.kind.value} needs at least 2 processes; set hardware.num_processes=2 or more."
+        )
+    if hw.kind is HardwareKind.multi_gpu and hw.num_processes > cuda_device_count:
+        raise ConfigError(
+            f"hardware.num_processes={hw.num_processes} asks for more GPUs than the {cuda_device_count} visible."
+        )
+    if hw.collective_timeout_s <= 0:
+        raise ConfigError("hardware.collective_timeout_s must be positive.")

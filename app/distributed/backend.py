@@ -1,0 +1,80 @@
+"""The backend interface: the few operations whose meaning depends on how many processes run and on
+what device. One class per hardware kind implements it; the Accelerator and the engine only call it.
+
+On one process every collective is the identity. The multi-process backends (DDP on gloo/nccl,
+FSDP2) live in ``torch_distributed.py``; an XLA backend is one more subclass of :class:`Backend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Iterable
+
+import torch
+from torch import nn
+
+
+class Backend:
+    """Single process on one device. Subclasses override what changes with several processes."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    # -- topology -------------------------------------------------------------------------------------
+    num_processes: int = 1
+    process_index: int = 0
+    local_process_index: int = 0
+    num_local_processes: int = 1
+
+    @property
+    def distributed_type(self) -> str:
+        return "NO"
+
+    # -- model ----------------------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Place the model on the device and wrap it for data parallelism."""
+        return model.to(self.device)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """Skip the gradient all-reduce during accumulation micro-steps."""
+        return contextlib.nullcontext()
+
+    def set_requires_gradient_sync(self, model: nn.Module, requires_sync: bool) -> None:
+        """FSDP2-style switch; DDP uses no_sync instead."""
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights, on CPU, valid on the main process (others may get {})."""
+        return {k: v.detach().cpu() for k, v in self.unwrap_model(model).state_dict().items()}
+
+    # -- collectives (identities on one process) ------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate equally-shaped tensors of all ranks along dim 0 (0-d tensors become 1-d)."""
+        return tensor.reshape(1) if tensor.dim() == 0 else tensor
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """``op`` is ``sum``, ``mean``, ``max`` or ``min``; returns a new tensor."""
+        return tensor.clone()
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def step_end(self) -> None:
+        """Called after each optimizer step: XLA cuts its graph here; eager backends do nothing."""
+
+    def shutdown(self) -> None:
+        pass

@@ -1,0 +1,265 @@
+"""Data loading for one or many processes: a deterministic, shardable, resumable batch sampler and
+the DataLoader wrapper that moves batches to the device and tells the runtime where the epoch ends.
+
+Sample order. Each epoch draws one permutation from ``seed + epoch`` (identical on every rank), cuts
+it into *global steps* of ``num_processes`` per-process batches, and hands batch ``r`` of every
+global step to rank ``r``. Gathering the batches of one step across ranks therefore yields the
+samples in their global order, which is what ``gather_for_metrics`` relies on.
+
+Uneven ends. With ``even_batches`` (the default) and several processes the last global step is
+completed with samples from the start of the epoch, so every rank runs the same number of equally
+sized batches; ``remainder`` records how many of that step's samples are real so the duplicates can
+be dropped after a gather. Without it, ranks may get fewer or smaller batches at the end.
+
+Resuming. The sampler's position is (epoch, global steps already taken); skipping is an index slice,
+so resuming never replays the data pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+
+
+class GradientState:
+    """What the data pipeline tells the gradient-accumulation logic (owned by one Accelerator).
+
+    Loaders being iterated form a stack (an evaluation loop may run inside a training epoch); the
+    innermost one answers ``end_of_dataloader`` and ``remainder``.
+    """
+
+    def __init__(self) -> None:
+        self.sync_gradients = True
+        self.active: list[DataLoaderShard] = []
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.active)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self.active[-1].end_of_dataloader if self.active else False
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global step of the innermost loader; -1 before its end."""
+        return self.active[-1].remainder if self.active else -1
+
+
+class ShardedBatchSampler(Sampler[list[int]]):
+    """Yields this rank's batches of dataset indices. See the module docstring for the order."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        even_batches: bool = True,
+        split_batches: bool = False,
+    ):
+        if split_batches and batch_size % num_processes:
+            raise ValueError(
+                f"split_batches needs a batch size ({batch_size}) divisible by the number of processes "
+                f"({num_processes})."
+            )
+        self.num_samples = num_samples
+        self.per_process_batch = batch_size // num_processes if split_batches else batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.even_batches = even_batches
+        self.epoch = 0
+        self.skip_steps = 0
+        """Global steps of the current epoch to skip (set when resuming mid-epoch)."""
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_process_batch * self.num_processes
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def global_steps(self) -> int:
+        """Global steps in a full epoch."""
+        if self.drop_last:
+            return self.num_samples // self.global_batch
+        return math.ceil(self.num_samples / self.global_batch)
+
+    def __len__(self) -> int:
+        steps = self.global_steps() - self.skip_steps
+        if self.drop_last or self.even_batches or self.num_processes == 1:
+            return max(steps, 0)
+        # Without even batches, trailing ranks may have nothing in the last global step.
+        last_step_samples = self.num_samples - (self.global_steps() - 1) * self.global_batch
+        has_last = self.process_index * self.per_process_batch < last_step_samples
+        return max(steps - 1 + int(has_last), 0)
+
+    def epoch_order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def last_step_remainder(self) -> int:
+        """Real samples in the final global step of an epoch."""
+        if self.drop_last:
+            return self.global_batch
+        return self.num_samples - (self.global_steps() - 1) * self.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.epoch_order()
+        steps = self.global_steps()
+        pad = steps * self.global_batch - len(order)
+        if pad > 0 and self.even_batches and self.num_processes > 1:
+            # Complete the last global step with samples from the start of the epoch (cycling, for
+            # datasets smaller than one global step).
+            order = order + [order[i % len(order)] for i in range(pad)]
+        b, r = self.per_process_batch, self.process_index
+        for step in range(self.skip_steps, steps):
+            start = step * self.global_batch + r * b
+            batch = order[start : start + b]
+            if batch:
+                yield batch
+
+
+def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, Mapping):
+        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return type(obj)(moved)
+        except TypeError:
+            return moved
+    if isinstance(obj, (list, tuple)):
+        items = [_move(o, device, non_blocking) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    return obj
+
+
+def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move every tensor in a (nested) batch to ``device``."""
+    return _move(obj, device, non_blocking)
+
+
+_END = object()
+
+
+class DataLoaderShard:
+    """Iterates this rank's batches, on the device, marking the last batch of the epoch.
+
+    Looks one batch ahead so that ``end_of_dataloader`` is already true while the last batch is being
+    processed: gradient accumulation forces a synchronising step there, and ``gather_for_metrics``
+    drops the padding duplicates.
+    """
+
+    def __init__(self, loader: DataLoader, batch_sampler: ShardedBatchSampler, device: torch.device,
+                 state: GradientState):
+        self.base_dataloader = loader
+        self.batch_sampler = batch_sampler
+        self.device = device
+        self.gradient_state = state
+        # Batches built on CPU need no copy when the device is the CPU.
+        self._needs_move = device.type != "cpu"
+        self.dataset = loader.dataset
+        self.batch_size = batch_sampler.per_process_batch
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batch_sampler.set_epoch(epoch)
+
+    @property
+    def total_dataset_length(self) -> int:
+        return self.batch_sampler.num_samples
+
+    def __iter__(self) -> Iterator[Any]:
+        self.end_of_dataloader = False
+        self.remainder = -1
+        iterator = iter(self.base_dataloader)
+        self.gradient_state.active.append(self)
+        try:
+            current = next(iterator, _END)
+            while current is not _END:
+                upcoming = next(iterator, _END)
+                if upcoming is _END:
+                    self.end_of_dataloader = True
+                    self.remainder = self.batch_sampler.last_step_remainder()
+                yield send_to_device(current, self.device) if self._needs_move else current
+                current = upcoming
+        finally:
+            self.gradient_state.active.remove(self)
+            self.end_of_dataloader = False
+            # A resumed epoch skips only once; the next epoch starts from its beginning.
+            self.batch_sampler.skip_steps = 0
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.batch_sampler
+        return {"epoch": s.epoch, "seed": s.seed, "global_batch": s.global_batch}
+
+
+def find_shuffle(loader: DataLoader) -> bool:
+    sampler = loader.batch_sampler.sampler if isinstance(loader.batch_sampler, BatchSampler) else loader.sampler
+    return isinstance(sampler, RandomSampler)
+
+
+def shard_dataloader(
+    loader: DataLoader,
+    *,
+    device: torch.device,
+    state: GradientState,
+    num_processes: int,
+    process_index: int,
+    seed: int,
+    even_batches: bool,
+    split_batches: bool,
+) -> DataLoaderShard:
+    """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
+    workers); a RandomSampler becomes the seeded per-epoch shuffle."""
+    if loader.batch_size is None:
+        raise ValueError("prepare() needs a DataLoader built with batch_size (a custom batch_sampler is not supported).")
+    sampler = ShardedBatchSampler(
+        len(loader.dataset),  # type: ignore[arg-type]
+        loader.batch_size,
+        shuffle=find_shuffle(loader),
+        seed=seed,
+        drop_last=loader.drop_last,
+        num_processes=num_processes,
+        process_index=process_index,
+        even_batches=even_batches,
+        split_batches=split_batches,
+    )
+    rebuilt = DataLoader(
+        loader.dataset,
+        batch_sampler=sampler,
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
+    )
+    return DataLoaderShard(rebuilt, sampler, device, state)
+
+
+def skip_first_batches(loader: DataLoaderShard, num_batches: int) -> DataLoaderShard:
+    """The same loader, starting ``num_batches`` (per-process) batches into the current epoch.
+
+    Skipping happens on indices, so no skipped sample is loaded or collated.
+    """
+    loader.batch_sampler.skip_steps = num_batches
+    return loader

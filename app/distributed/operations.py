@@ -1,0 +1,41 @@
+"""Apply a tensor operation to every tensor inside nested lists, tuples and dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+
+def recursively_apply(fn: Callable[[torch.Tensor], Any], data: Any, *, error_on_other: bool = True) -> Any:
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, Mapping):
+        out = {k: recursively_apply(fn, v, error_on_other=error_on_other) for k, v in data.items()}
+        try:
+            return type(data)(out)
+        except TypeError:
+            return out
+    if isinstance(data, (list, tuple)):
+        items = [recursively_apply(fn, d, error_on_other=error_on_other) for d in data]
+        return type(data)(*items) if hasattr(data, "_fields") else type(data)(items)
+    if error_on_other:
+        raise TypeError(
+            f"expected tensors or nested lists/tuples/dicts of tensors, got {type(data).__name__}; "
+            "use gather_object (or gather_for_metrics(..., use_gather_object=True)) for other objects."
+        )
+    return data
+
+
+def first_tensor(data: Any) -> torch.Tensor | None:
+    if isinstance(data, torch.Tensor):
+        return data
+    if isinstance(data, Mapping):
+        data = list(data.values())
+    if isinstance(data, (list, tuple)):
+        for d in data:
+            found = first_tensor(d)
+            if found is not None:
+                return found
+    return None

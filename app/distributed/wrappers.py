@@ -1,0 +1,100 @@
+"""Optimizer and scheduler wrappers that act only on synchronising micro-steps.
+
+Inside ``accumulate``, user code calls ``optimizer.step()``, ``scheduler.step()`` and
+``optimizer.zero_grad()`` on every micro-batch; these wrappers make the calls count only when the
+gradients are complete. A step skipped by fp16 loss scaling is reported through ``step_was_skipped``
+and the scheduler does not advance on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from app.distributed.data import GradientState
+from app.distributed.precision import Precision
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    # Subclassing Optimizer (without its __init__) keeps isinstance checks of LR schedulers working.
+    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, precision: Precision):
+        self.optimizer = optimizer
+        self.gradient_state = gradient_state
+        self.precision = precision
+        self.step_was_skipped = False
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        if self.gradient_state.sync_gradients:
+            self.step_was_skipped = not self.precision.optimizer_step(self.optimizer, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class AcceleratedScheduler:
+    """Steps the wrapped scheduler once per real optimizer step, whatever the number of processes."""
+
+    def __init__(self, scheduler: Any, optimizers: list[AcceleratedOptimizer], gradient_state: GradientState,
+                 step_with_optimizer: bool = True):
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self.gradient_state = gradient_state
+        self.step_with_optimizer = step_with_optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self.gradient_state.sync_gradients:
+            return
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["scheduler"], name)

@@ -1,0 +1,87 @@
+"""Setup, in small ``build_*`` functions: the only place where config values become objects."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from torch.utils.data import DataLoader
+
+from app.config import HardwareConfig, HardwareKind, RunConfig
+from app.distributed import Accelerator, Backend
+from app.engine.loop import Components, total_optimizer_steps
+from app.engine.triggers import EarlyStopping
+from app.tasks import Task, build_task
+
+
+def build_backend(hw: HardwareConfig) -> Backend:
+    """Map the hardware kind to its backend object (one class per kind)."""
+    import torch
+
+    if hw.kind is HardwareKind.cpu:
+        return Backend(torch.device("cpu"))
+    if hw.kind is HardwareKind.gpu:
+        return Backend(torch.device("cuda", 0))
+    from app.distributed.torch_distributed import DDPBackend, FSDPBackend
+
+    timeout = hw.collective_timeout_s
+    if hw.kind is HardwareKind.multi_cpu:
+        return DDPBackend.from_environment(cpu=True, timeout_s=timeout)
+    if hw.kind is HardwareKind.multi_gpu:
+        return DDPBackend.from_environment(cpu=False, timeout_s=timeout)
+    if hw.kind is HardwareKind.fsdp:
+        return FSDPBackend.from_environment(cpu=not torch.cuda.is_available(), timeout_s=timeout,
+                                            reshard_after_forward=hw.fsdp_reshard_after_forward)
+    raise ValueError(f"no backend for hardware kind {hw.kind}")
+
+
+def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
+    return Accelerator(
+        mixed_precision=cfg.precision.mode.value,
+        gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
+        project_dir=run_dir,
+        log_with=["jsonl", *(t.value for t in cfg.logging.trackers)],
+        backend=build_backend(cfg.hardware),
+        seed=cfg.seed,
+    )
+
+
+def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None = None) -> Components:
+    task = task if task is not None else build_task(cfg.task)
+    data = task.build_data(accelerator)
+    model = task.build_model()
+    train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, shuffle=True,
+                              collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
+    eval_loader = DataLoader(data.eval, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size,
+                             shuffle=False, collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
+    # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
+    # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
+    model = accelerator.prepare(model)
+    optimizer = instantiate(cfg.optim, params=[p for p in model.parameters() if p.requires_grad])
+    optimizer = accelerator.prepare(optimizer)
+    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
+                            total_steps=total_optimizer_steps(cfg, len(train_loader)))
+    scheduler = accelerator.prepare(scheduler)
+    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader)
+
+
+def build_early_stopping(cfg: RunConfig) -> EarlyStopping:
+    es = cfg.early_stopping
+    return EarlyStopping(es.monitor, es.mode.value, es.patience, es.min_delta)
+
+
+def plain(obj: Any) -> Any:
+    """A config dataclass as JSON-ready dicts (enums by value), for trackers and hashes."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [plain(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,224 @@
+"""The one training loop. It reads top to bottom: epochs, micro-batches, accumulation, clipping,
+optimizer and scheduler steps, periodic evaluation, early stopping, logging and checkpoints.
+
+Everything device- or process-specific goes through the Accelerator; this file never names a
+device type or a collective backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from app.config import RunConfig
+from app.distributed import Accelerator
+from app.engine.progress import Progress
+from app.engine.triggers import EarlyStopping
+from app.tasks.base import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopState:
+    """Where the loop is; saved with every checkpoint so a resumed run continues exactly."""
+
+    global_step: int = 0
+    """Optimizer steps taken."""
+    epoch: int = 0
+    batches_in_epoch: int = 0
+    """Micro-batches of the current epoch this process has consumed."""
+    samples_seen: int = 0
+    """Training samples consumed by all processes together."""
+    stop_reason: str | None = None
+    last_eval_step: int = -1
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+class CheckpointHook(Protocol):
+    """What the loop asks of a checkpoint policy (``app.engine.checkpoint``); the default does nothing."""
+
+    def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None: ...
+
+    def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None: ...
+
+
+class NoCheckpoints:
+    def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
+        pass
+
+    def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
+        pass
+
+
+@dataclass
+class Components:
+    """The prepared objects the loop works on (built by ``app.engine.build``)."""
+
+    accelerator: Accelerator
+    task: Task
+    model: nn.Module
+    optimizer: Any
+    scheduler: Any
+    train_loader: Any
+    eval_loader: Any
+
+
+def steps_per_epoch(num_batches: int, accumulation: int) -> int:
+    """Optimizer steps in one epoch: the last, shorter accumulation window also steps."""
+    return math.ceil(num_batches / accumulation)
+
+
+def total_optimizer_steps(cfg: RunConfig, num_batches: int) -> int:
+    per_epoch = steps_per_epoch(num_batches, cfg.trainer.gradient_accumulation_steps)
+    by_epochs = per_epoch * cfg.trainer.max_epochs if cfg.trainer.max_epochs > 0 else None
+    by_steps = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
+    return min(s for s in (by_epochs, by_steps) if s is not None)
+
+
+@torch.no_grad()
+def evaluate(c: Components) -> dict[str, float]:
+    """Metrics over the whole evaluation set, from predictions gathered across processes with the
+    padding duplicates removed."""
+    acc = c.accelerator
+    c.model.eval()
+    logits, labels = [], []
+    for batch in c.eval_loader:
+        out = c.task.step(c.model, batch)
+        batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
+        logits.append(batch_logits.cpu())
+        labels.append(batch_labels.cpu())
+    c.model.train()
+    all_logits, all_labels = torch.cat(logits), torch.cat(labels)
+    expected = c.eval_loader.total_dataset_length
+    if len(all_labels) != expected:
+        raise RuntimeError(f"evaluation gathered {len(all_labels)} predictions for {expected} samples.")
+    return {f"eval/{k}": v for k, v in c.task.compute_metrics(all_logits, all_labels).items()}
+
+
+def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
+        checkpoints: CheckpointHook | None = None) -> LoopState:
+    """Train until max_epochs/max_steps, or until a stop trigger fires on any process."""
+    acc, model, optimizer, scheduler = c.accelerator, c.model, c.optimizer, c.scheduler
+    t = cfg.trainer
+    checkpoints = checkpoints or NoCheckpoints()
+    total_steps = total_optimizer_steps(cfg, len(c.train_loader))
+    eval_every = t.eval_every_n_steps
+    global_batch = c.train_loader.batch_size * acc.num_processes
+
+    progress = Progress(total_steps, initial=state.global_step,
+                        enabled=acc.is_main_process and cfg.logging.progress_bar)
+    batches_per_epoch = len(c.train_loader)
+    running_loss = torch.zeros((), device=acc.device)
+    running_batches = 0
+    window_start = time.perf_counter()
+    window_samples = 0
+    model.train()
+
+    while state.epoch < t.max_epochs and state.stop_reason is None:
+        c.train_loader.set_epoch(state.epoch)
+        loader = c.train_loader
+        if state.batches_in_epoch:
+            loader = acc.skip_first_batches(c.train_loader, state.batches_in_epoch)
+        for batch in loader:
+            with acc.accumulate(model):
+                out = c.task.step(model, batch)
+                acc.backward(out.loss)
+                if acc.sync_gradients and t.max_grad_norm is not None:
+                    acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+            state.batches_in_epoch += 1
+            state.samples_seen += global_batch
+            window_samples += global_batch
+            # Accumulated on the device: no host sync per step.
+            running_loss += out.loss.detach()
+            running_batches += 1
+            if not acc.sync_gradients:
+                continue
+
+            state.global_step += 1
+            progress.update()
+            decision_point = False
+            metrics: dict[str, float] | None = None
+
+            if state.global_step % t.log_every_n_steps == 0:
+                decision_point = True
+                loss = acc.reduce(running_loss / running_batches, reduction="mean").item()
+                elapsed = time.perf_counter() - window_start
+                train_metrics = {
+                    "train/loss": loss,
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/samples_per_s": window_samples / max(elapsed, 1e-9),
+                    "epoch": state.epoch,
+                }
+                acc.log(train_metrics, step=state.global_step)
+                progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
+                running_loss.zero_()
+                running_batches = 0
+                window_start, window_samples = time.perf_counter(), 0
+                if cfg.early_stopping.stop_on_nan and not math.isfinite(loss):
+                    state.stop_reason = f"training loss is {loss} at step {state.global_step}"
+                    acc.set_trigger()
+
+            if eval_every is not None and state.global_step % eval_every == 0:
+                decision_point = True
+                metrics = run_evaluation(c, state, stopper)
+
+            checkpoints.on_step_end(state, metrics)
+
+            if decision_point and acc.check_trigger():
+                state.stop_reason = state.stop_reason or "stop requested by another process"
+                break
+            if state.global_step >= total_steps:
+                break
+
+        if state.batches_in_epoch >= batches_per_epoch:
+            state.epoch += 1
+            state.batches_in_epoch = 0
+            if state.stop_reason is None:
+                metrics = run_evaluation(c, state, stopper) if eval_every is None else None
+                checkpoints.on_epoch_end(state, metrics)
+                if metrics is not None and acc.check_trigger():
+                    state.stop_reason = state.stop_reason or "stop requested by another process"
+        if state.stop_reason is None and state.global_step >= total_steps:
+            state.stop_reason = f"reached {total_steps} optimizer steps"
+
+    progress.close()
+    if state.stop_reason is None:
+        state.stop_reason = f"reached {t.max_epochs} epochs"
+    if state.last_eval_step != state.global_step:
+        # The run ended between evaluations: measure the final weights too.
+        run_evaluation(c, state, stopper, may_stop=False)
+    return state
+
+
+def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,
+                   may_stop: bool = True) -> dict[str, float]:
+    acc = c.accelerator
+    metrics = evaluate(c)
+    metrics["epoch"] = state.epoch
+    state.last_metrics = metrics
+    state.last_eval_step = state.global_step
+    acc.log(metrics, step=state.global_step)
+    log.info("step %d: %s", state.global_step,
+             ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("eval/")))
+    if stopper.update(metrics) and may_stop:
+        state.stop_reason = (f"{stopper.monitor} did not improve for {stopper.bad_evaluations} evaluations "
+                             f"(best {stopper.best})")
+        acc.set_trigger()
+    return metrics

@@ -1,0 +1,34 @@
+"""One training run, from a validated config and a run folder to the monitored metric."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app.config import RunConfig
+from app.distributed.random import set_seed
+from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
+from app.engine.loop import LoopState, fit
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: RunConfig, run_dir: Path) -> float | None:
+    """Train and evaluate; returns the best value of ``early_stopping.monitor`` (for sweepers)."""
+    set_seed(cfg.seed)
+    accelerator = build_accelerator(cfg, run_dir)
+    if not accelerator.is_main_process:
+        # Logs and progress appear once, from the main process.
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        components = build_components(cfg, accelerator)
+        accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg))
+        stopper = build_early_stopping(cfg)
+        state = LoopState()
+        log.info("training %s on %d process(es), %s, precision %s; run folder %s", cfg.task.name,
+                 accelerator.num_processes, accelerator.device, accelerator.mixed_precision, run_dir)
+        fit(components, cfg, state, stopper)
+        log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, stopper.best)
+        return stopper.best
+    finally:
+        accelerator.end_training()

@@ -1,0 +1,55 @@
+"""The task interface: what the engine needs from a task, and nothing more.
+
+A task builds its datasets (with a collate function), builds its model, runs one forward pass on a
+batch, and turns gathered logits and labels into metrics. The engine owns everything else (devices,
+processes, precision, the loop), so a new task is one small module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+
+@dataclass
+class TaskData:
+    train: Dataset
+    eval: Dataset
+    collate_fn: Callable[[list[Any]], Any] | None = None
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor
+    """Mean loss over the batch (a 0-d tensor)."""
+    logits: torch.Tensor
+    """One row per sample."""
+    labels: torch.Tensor
+    """One entry per sample."""
+
+
+class Task(Protocol):
+    name: str
+
+    def build_data(self, runtime: Any) -> TaskData:
+        """Load and preprocess the datasets. ``runtime`` is the Accelerator (for main_process_first)."""
+        ...
+
+    def build_model(self) -> nn.Module: ...
+
+    def step(self, model: nn.Module, batch: Any) -> StepOutput:
+        """One forward pass on a batch already on the right device."""
+        ...
+
+    def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Metrics over the whole, gathered and de-duplicated evaluation set (keys without prefix)."""
+        ...
+
+    def save_artifacts(self, model: nn.Module, folder: Path) -> None:
+        """Write whatever besides weights makes the exported model usable (tokenizer, config...)."""
+        ...

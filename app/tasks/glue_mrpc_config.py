@@ -1,0 +1,26 @@
+"""Schema of the GLUE MRPC task, kept apart from the task so composing a config stays light."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.config import TaskConfig
+
+
+@dataclass
+class GlueMrpcConfig(TaskConfig):
+    name: str = "glue_mrpc"
+    model: str = "bert-base-cased"
+    """Hub name or local folder, loaded with AutoModelForSequenceClassification.from_pretrained."""
+    tokenizer: str | None = None
+    """Defaults to ``model``."""
+    data_dir: str | None = None
+    """Local folder with GLUE TSV (train/validation|dev/test .tsv) or parquet/arrow files; null uses the hub."""
+    hub_dataset: str = "nyu-mll/glue"
+    max_length: int = 128
+    pad_to_max_length: bool = False
+    """Pad every batch to max_length (fixed shapes, for XLA) instead of to the longest in the batch."""
+    predict_test: bool = False
+    """Write test-split predictions to <run folder>/test_predictions.tsv at the end."""
+    cache_dir: str | None = None
+    """Where tokenized splits are cached; null uses <HF_DATASETS_CACHE>/app_glue_mrpc."""
