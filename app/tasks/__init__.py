@@ -1,18 +1,26 @@
-"""Tasks: data + model + metric. ``build_task`` maps a task config to its task object."""
+"""Tasks: data + model + metric. ``build_task`` maps a task config to its task object.
+
+The schemas import nothing heavy, so composing and validating a config stays fast; each task class
+(and torch, transformers, datasets with it) is imported only when that task runs.
+"""
 
 from __future__ import annotations
 
-from app.tasks.base import StepOutput, Task, TaskData
-from app.tasks.digits import DigitsConfig, DigitsTask
+from typing import TYPE_CHECKING
+
+from app.tasks.digits_config import DigitsConfig
 from app.tasks.glue_mrpc_config import GlueMrpcConfig
 
-# name -> config schema. The task classes are imported lazily in build_task so that heavy
-# dependencies (transformers, datasets) load only when their task runs.
+if TYPE_CHECKING:
+    from app.tasks.base import Task
+
 TASK_SCHEMAS = {"digits": DigitsConfig, "glue_mrpc": GlueMrpcConfig}
 
 
 def build_task(cfg: object) -> Task:
     if isinstance(cfg, DigitsConfig):
+        from app.tasks.digits import DigitsTask
+
         return DigitsTask(cfg)
     if isinstance(cfg, GlueMrpcConfig):
         from app.tasks.glue_mrpc import GlueMrpcTask
@@ -21,4 +29,4 @@ def build_task(cfg: object) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["StepOutput", "Task", "TaskData", "TASK_SCHEMAS", "build_task"]
+__all__ = ["TASK_SCHEMAS", "DigitsConfig", "GlueMrpcConfig", "build_task"]

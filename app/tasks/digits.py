@@ -6,7 +6,7 @@ The data ships inside scikit-learn, so ``python -m app`` trains offline on a fre
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +16,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from app.config import TaskConfig
 from app.tasks.base import StepOutput, TaskData
+from app.tasks.digits_config import DigitsConfig
 from app.tasks.metrics import classification_metrics
-
-
-@dataclass
-class DigitsConfig(TaskConfig):
-    name: str = "digits"
-    hidden_sizes: list[int] = field(default_factory=lambda: [128, 64])
-    dropout: float = 0.1
-    eval_fraction: float = 0.2
-    """Share of the 1,797 images held out for validation (stratified, fixed by split_seed)."""
-    split_seed: int = 0
 
 
 class MLP(nn.Module):

@@ -1,0 +1,376 @@
+"""GLUE MRPC task: data layouts, error messages, tokenization cache, padding, a training step, export."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+
+from app.config import ConfigError
+from app.tasks import build_task
+from app.tasks.glue_mrpc import (
+    IGNORE_INDEX,
+    GlueMrpcTask,
+    load_local_splits,
+    read_glue_tsv,
+)
+from app.tasks.glue_mrpc_config import GlueMrpcConfig
+from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs, write_glue_tsv
+
+REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
+
+
+class FakeRuntime:
+    """Stand-in for the Accelerator: build_data only needs main_process_first."""
+
+    def __init__(self) -> None:
+        self.entered = 0
+
+    @contextmanager
+    def main_process_first(self):
+        self.entered += 1
+        yield
+
+
+def one_sentence(message: str) -> bool:
+    return message.endswith(".") and ". " not in message and "\n" not in message
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def offline_hub(monkeypatch, tmp_path_factory):
+    """No test may reach the network or write to ~/.cache."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    # The libraries read these at import; the modules' attributes are what they consult at call time.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(
+        datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.getbasetemp() / "hf_datasets")
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    return make_tiny_glue_tsv(tmp_path_factory.mktemp("mrpc_tsv"), n_train=48, n_val=16, n_test=8)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    sentences = [s for _, s1, s2 in synthetic_pairs(200, seed=9) for s in (s1, s2)]
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), sentences)
+
+
+@pytest.fixture
+def make_cfg(tiny_data, tiny_model, tmp_path):
+    def make(**overrides) -> GlueMrpcConfig:
+        values = {"model": str(tiny_model), "data_dir": str(tiny_data), "cache_dir": str(tmp_path / "cache")}
+        return GlueMrpcConfig(**{**values, **overrides})
+
+    return make
+
+
+def lengths(ds) -> list[int]:
+    return [len(ids) for ids in ds["input_ids"]]
+
+
+# -- raw data ------------------------------------------------------------------------------------------
+
+
+def test_build_task_is_lazy():
+    task = build_task(GlueMrpcConfig())  # the default hub model: nothing may be fetched yet
+    assert isinstance(task, GlueMrpcTask)
+    assert task._tokenizer is None
+
+
+def test_app_tasks_does_not_import_transformers():
+    code = "import sys, app.tasks; sys.exit('transformers' in sys.modules or 'datasets' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], check=False, cwd=Path(__file__).parents[1]).returncode
+        == 0
+    )
+
+
+def test_tsv_loading_keeps_unquoted_double_quotes(tiny_data):
+    splits = load_local_splits(str(tiny_data))
+    assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
+    train = splits["train"].data
+    expected = synthetic_pairs(48, seed=1)
+    assert train["sentence1"] == [s1 for _, s1, _ in expected]
+    assert train["sentence2"] == [s2 for _, _, s2 in expected]
+    assert train["label"] == [label for label, _, _ in expected]
+    assert train["idx"] == list(range(48))
+    assert any(s.count('"') % 2 == 1 for s in train["sentence1"])  # an unbalanced quote survived
+    assert isinstance(train, datasets.Dataset)
+
+
+def test_dev_tsv_is_the_validation_split(tmp_path):
+    make_tiny_glue_tsv(tmp_path, n_train=4, n_val=3, validation_name="dev.tsv")
+    splits = load_local_splits(str(tmp_path))
+    assert len(splits["validation"].data) == 3 and "test" not in splits
+
+
+def test_glue_test_tsv_without_labels(tmp_path):
+    path = tmp_path / "test.tsv"
+    path.write_text('index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tHe said "yes.\tShe said no.\n')
+    ds = read_glue_tsv(path)
+    assert ds[0] == {"sentence1": 'He said "yes.', "sentence2": "She said no.", "label": -1, "idx": 0}
+
+
+@pytest.mark.parametrize(
+    "pattern", ["mrpc/{split}-00000-of-00001.parquet", "{split}-00000-of-00001.parquet", "{split}.parquet"]
+)
+def test_parquet_layouts(tiny_data, tmp_path, pattern):
+    for split in ("train", "validation", "test"):
+        target = tmp_path / pattern.format(split=split)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        read_glue_tsv(tiny_data / f"{split}.tsv").to_parquet(str(target))
+    splits = load_local_splits(str(tmp_path))
+    assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
+    assert splits["train"].data["sentence1"] == read_glue_tsv(tiny_data / "train.tsv")["sentence1"]
+
+
+def test_save_to_disk_layout(tiny_data, tmp_path):
+    splits = {s: read_glue_tsv(tiny_data / f"{s}.tsv") for s in ("train", "validation")}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
+    loaded = load_local_splits(str(tmp_path / "saved"))
+    assert len(loaded["train"].data) == 48 and len(loaded["validation"].data) == 16
+
+
+def test_hub_unreachable_is_one_sentence(make_cfg):
+    task = GlueMrpcTask(make_cfg(data_dir=None))
+    with pytest.raises(ConfigError) as info:
+        task.build_data(FakeRuntime())
+    message = str(info.value)
+    assert one_sentence(message) and "task.data_dir=" in message and "nyu-mll/glue" in message
+
+
+def test_hub_probe_fails_fast_without_offline_env(make_cfg, monkeypatch):
+    """No offline variables set, no network: the probe switches to offline mode instead of ~25 s of retries."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    for var in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="task.data_dir="):
+        GlueMrpcTask(make_cfg(data_dir=None)).build_data(FakeRuntime())
+    assert time.monotonic() - start < 15
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # offline mode was only for the block
+
+
+def test_missing_data_dir(make_cfg, tmp_path):
+    with pytest.raises(ConfigError) as info:
+        GlueMrpcTask(make_cfg(data_dir=str(tmp_path / "nope"))).build_data(FakeRuntime())
+    assert one_sentence(str(info.value)) and "task.data_dir=" in str(info.value)
+
+
+def test_data_dir_without_splits(make_cfg, tmp_path):
+    write_glue_tsv(tmp_path / "train.tsv", synthetic_pairs(3))  # no validation.tsv / dev.tsv
+    with pytest.raises(ConfigError) as info:
+        GlueMrpcTask(make_cfg(data_dir=str(tmp_path))).build_data(FakeRuntime())
+    assert one_sentence(str(info.value)) and "validation" in str(info.value)
+
+
+def test_missing_model_and_tokenizer(make_cfg, tmp_path):
+    task = GlueMrpcTask(make_cfg(model=str(tmp_path / "no_model")))
+    with pytest.raises(ConfigError) as info:
+        task.build_model()
+    assert one_sentence(str(info.value)) and "task.model" in str(info.value)
+    with pytest.raises(ConfigError, match="task.tokenizer"):
+        _ = task.tokenizer
+
+
+def test_unreachable_hub_model(make_cfg):
+    with pytest.raises(ConfigError, match="task.model"):
+        GlueMrpcTask(make_cfg(model="bert-base-cased")).build_model()
+
+
+# -- tokenization and batches --------------------------------------------------------------------------
+
+
+def test_truncates_at_max_length(make_cfg):
+    runtime = FakeRuntime()
+    data = GlueMrpcTask(make_cfg(max_length=32)).build_data(runtime)
+    assert runtime.entered == 1
+    assert max(lengths(data.train)) == 32 and min(lengths(data.train)) < 32
+    assert set(data.train.column_names) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
+    assert len(data.eval) == 16
+
+
+def test_dynamic_padding_pads_to_longest_in_batch(make_cfg):
+    data = GlueMrpcTask(make_cfg(max_length=128)).build_data(FakeRuntime())
+    rows = [data.train[i] for i in range(8)]
+    batch = data.collate_fn(rows)
+    longest = max(len(r["input_ids"]) for r in rows)
+    assert type(batch) is dict
+    assert batch["input_ids"].shape == (8, longest) and longest < 128
+    assert len({len(r["input_ids"]) for r in rows}) > 1  # there was something to pad
+    assert batch["attention_mask"].sum(dim=1).tolist() == [len(r["input_ids"]) for r in rows]
+    assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [r["labels"] for r in rows]
+
+
+def test_pad_to_max_length_gives_fixed_shapes(make_cfg):
+    data = GlueMrpcTask(make_cfg(max_length=48, pad_to_max_length=True)).build_data(FakeRuntime())
+    assert set(lengths(data.train)) == {48}
+    assert data.collate_fn([data.eval[i] for i in range(3)])["input_ids"].shape == (3, 48)
+
+
+def test_cache_is_keyed_on_max_length_and_tokenizer(make_cfg, tiny_data, tmp_path):
+    def train_split(**overrides):
+        return GlueMrpcTask(make_cfg(**overrides)).build_data(FakeRuntime()).train
+
+    def cache_file(ds) -> Path:
+        (entry,) = ds.cache_files
+        return Path(entry["filename"])
+
+    short, longer = train_split(max_length=16), train_split(max_length=24)
+    assert max(lengths(short)) == 16 and max(lengths(longer)) == 24  # no stale reuse
+    assert cache_file(short) != cache_file(longer)
+    assert cache_file(short).parent == tmp_path / "cache"
+
+    stamp = cache_file(short).stat().st_mtime_ns
+    again = train_split(max_length=16)  # same settings: read back, not rewritten
+    assert cache_file(again) == cache_file(short) and cache_file(again).stat().st_mtime_ns == stamp
+    assert again["input_ids"] == short["input_ids"]
+
+    # Another vocabulary written to the same folder must not hit the first one's cache.
+    other = make_tiny_bert(tmp_path / "other_bert", ["completely different words"] * 5, vocab_size=60)
+    retrained = train_split(max_length=16, model=str(other))
+    assert cache_file(retrained) != cache_file(short)
+    assert retrained["input_ids"] != short["input_ids"]
+
+
+# -- model ---------------------------------------------------------------------------------------------
+
+
+def test_training_step_and_metrics(make_cfg):
+    task = GlueMrpcTask(make_cfg(max_length=32))
+    data = task.build_data(FakeRuntime())
+    model = task.build_model()
+    loader = torch.utils.data.DataLoader(data.train, batch_size=8, collate_fn=data.collate_fn)
+    batch = next(iter(loader))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):  # a few steps on one batch: the tiny model must be able to fit it
+        out = task.step(model, batch)
+        assert out.logits.shape == (8, 2) and out.labels is batch["labels"] and out.loss.dim() == 0
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        losses.append(out.loss.item())
+    assert losses[-1] < losses[0]
+
+    model.eval()
+    eval_loader = torch.utils.data.DataLoader(data.eval, batch_size=5, collate_fn=data.collate_fn)
+    with torch.no_grad():
+        outs = [task.step(model, b) for b in eval_loader]
+    metrics = task.compute_metrics(torch.cat([o.logits for o in outs]), torch.cat([o.labels for o in outs]))
+    assert set(metrics) == {"loss", "accuracy", "f1"}
+    assert 0 <= metrics["accuracy"] <= 1 and 0 <= metrics["f1"] <= 1 and metrics["loss"] > 0
+
+
+def test_binary_f1_is_positive_class():
+    task = GlueMrpcTask(GlueMrpcConfig())
+    logits = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    metrics = task.compute_metrics(logits, torch.tensor([1, 0, 0, 1]))
+    assert metrics["accuracy"] == 0.5 and metrics["f1"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded):
+    from safetensors.torch import save_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    task = GlueMrpcTask(make_cfg(max_length=32))
+    data = task.build_data(FakeRuntime())
+    model = task.build_model().eval()
+    export = tmp_path / "export"
+    task.save_artifacts(model, export)
+    if sharded:  # what the engine writes for a large model: shards + model.safetensors.index.json
+        model.save_pretrained(export, max_shard_size="40KB")
+        assert (export / "model.safetensors.index.json").is_file()
+    else:
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(export / "model.safetensors"), metadata={"format": "pt"})
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(export).eval()
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert loaded.config.id2label == {0: "not_equivalent", 1: "equivalent"}
+    pair = ('He said "the witness" was there.', "Police denied it.")
+    assert tokenizer(*pair)["input_ids"] == task.tokenizer(*pair)["input_ids"]
+    batch = data.collate_fn([data.eval[i] for i in range(4)])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits)
+
+
+# -- test split ----------------------------------------------------------------------------------------
+
+
+def test_test_split_and_predictions(make_cfg, tmp_path):
+    task = GlueMrpcTask(make_cfg(max_length=32, predict_test=True))
+    task.build_data(FakeRuntime())
+    test = task.test_dataset()
+    assert len(test) == 8 and test["labels"] == [label for label, _, _ in synthetic_pairs(8, seed=3)]
+    out = tmp_path / "test_predictions.tsv"
+    task.write_predictions([1, 0, 1, 1, 0, 0, 1, 0], out)
+    lines = out.read_text().splitlines()
+    assert lines[0] == "index\tprediction" and lines[1:3] == ["0\t1", "1\t0"] and len(lines) == 9
+    with pytest.raises(ValueError):
+        task.write_predictions([1], out)
+
+
+def test_unlabeled_test_split_predicts(make_cfg, tiny_data, tmp_path):
+    folder = tmp_path / "glue"
+    folder.mkdir()
+    for name in ("train.tsv", "validation.tsv"):
+        (folder / name).write_bytes((tiny_data / name).read_bytes())
+    (folder / "test.tsv").write_text(
+        'index\t#1 ID\t#2 ID\t#1 String\t#2 String\n7\t1\t2\tHe said "yes.\tShe said no.\n'
+    )
+    task = GlueMrpcTask(make_cfg(max_length=32, predict_test=True, data_dir=str(folder)))
+    data = task.build_data(FakeRuntime())
+    test = task.test_dataset()
+    assert test["labels"] == [IGNORE_INDEX]
+    logits = task.predict(task.build_model(), data.collate_fn([test[0]]))
+    assert logits.shape == (1, 2)
+    task.write_predictions(logits.argmax(-1).tolist(), tmp_path / "p.tsv")
+    assert (tmp_path / "p.tsv").read_text().splitlines()[1].startswith("7\t")
+
+
+def test_predict_test_without_test_split(make_cfg, tmp_path):
+    make_tiny_glue_tsv(tmp_path / "d", n_train=4, n_val=4)
+    with pytest.raises(ConfigError, match="test split"):
+        GlueMrpcTask(make_cfg(data_dir=str(tmp_path / "d"), predict_test=True)).build_data(FakeRuntime())
+
+
+# -- the real data -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not REAL_DATA.is_dir(), reason=f"real GLUE MRPC files not found at {REAL_DATA}")
+def test_real_mrpc_files():
+    splits = load_local_splits(str(REAL_DATA))
+    assert {name: len(s.data) for name, s in splits.items()} == {
+        "train": 3668,
+        "validation": 408,
+        "test": 1725,
+    }
+    assert sum(splits["validation"].data["label"]) == 279
+    assert sum(splits["train"].data["label"]) == 2474
+    first = splits["train"].data[0]
+    assert first["sentence1"].startswith('Amrozi accused his brother, whom he called "the witness", of')
+    assert first["label"] == 1 and first["idx"] == 0
