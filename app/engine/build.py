@@ -10,32 +10,13 @@ from typing import Any
 from hydra.utils import instantiate
 from torch.utils.data import DataLoader
 
-from app.config import HardwareConfig, HardwareKind, RunConfig
-from app.distributed import Accelerator, Backend
+from app.config import RunConfig
+from app.distributed import Accelerator
+from app.distributed.factory import build_backend
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.triggers import EarlyStopping
-from app.tasks import Task, build_task
-
-
-def build_backend(hw: HardwareConfig) -> Backend:
-    """Map the hardware kind to its backend object (one class per kind)."""
-    import torch
-
-    if hw.kind is HardwareKind.cpu:
-        return Backend(torch.device("cpu"))
-    if hw.kind is HardwareKind.gpu:
-        return Backend(torch.device("cuda", 0))
-    from app.distributed.torch_distributed import DDPBackend, FSDPBackend
-
-    timeout = hw.collective_timeout_s
-    if hw.kind is HardwareKind.multi_cpu:
-        return DDPBackend.from_environment(cpu=True, timeout_s=timeout)
-    if hw.kind is HardwareKind.multi_gpu:
-        return DDPBackend.from_environment(cpu=False, timeout_s=timeout)
-    if hw.kind is HardwareKind.fsdp:
-        return FSDPBackend.from_environment(cpu=not torch.cuda.is_available(), timeout_s=timeout,
-                                            reshard_after_forward=hw.fsdp_reshard_after_forward)
-    raise ValueError(f"no backend for hardware kind {hw.kind}")
+from app.tasks import build_task
+from app.tasks.base import Task
 
 
 def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:

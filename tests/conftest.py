@@ -1,0 +1,49 @@
+"""Shared fixtures: the *real* config composed through Hydra, shrunk for speed where asked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from app.config import RunConfig, register_configs
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO / "conf"
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+register_configs()
+
+
+def compose_config(*overrides: str) -> RunConfig:
+    """Compose conf/config.yaml with overrides, exactly as ``python -m app`` does."""
+    return compose_many([list(overrides)])[0]
+
+
+def compose_many(override_lists: list[list[str]]) -> list[RunConfig]:
+    """Compose several configs under one Hydra initialisation (much faster than one each)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return [OmegaConf.to_object(compose(config_name="config", overrides=o))  # type: ignore[misc]
+                for o in override_lists]
+
+
+def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m app`` in a subprocess, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "WANDB_MODE": "offline", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"python -m app {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture
+def compose_cfg():
+    return compose_config

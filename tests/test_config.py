@@ -1,0 +1,119 @@
+"""The typed config: every option composes; bad input fails at compose or startup with one sentence."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from app.config import (ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker, validate)
+from app.tasks import DigitsConfig, GlueMrpcConfig
+from tests.conftest import CONF_DIR, compose_config, compose_many, run_app
+
+OPTIONS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+           for group in ("task", "hardware", "precision", "optim", "scheduler")}
+
+
+def test_defaults_are_the_documented_ones():
+    cfg = compose_config()
+    assert isinstance(cfg, RunConfig)
+    assert isinstance(cfg.task, DigitsConfig)
+    assert cfg.hardware.kind is HardwareKind.cpu
+    assert cfg.precision.mode is PrecisionMode.no
+    assert cfg.optim._target_ == "torch.optim.AdamW"
+    assert cfg.early_stopping.monitor == "eval/accuracy" and cfg.early_stopping.mode is MonitorMode.max
+    assert cfg.logging.trackers == [Tracker.tensorboard]
+    assert {"every_n_steps", "total_limit", "keep_best"} <= set(vars(cfg.checkpoint))
+
+
+def test_every_option_combination_composes():
+    combos = list(itertools.product(*OPTIONS.values()))
+    assert len(combos) >= 2 * 5 * 3 * 2 * 3
+    configs = compose_many([[f"{g}={name}" for g, name in zip(OPTIONS, combo)] for combo in combos])
+    for combo, cfg in zip(combos, configs):
+        task, hardware, precision, optim, scheduler = combo
+        assert cfg.task.name == task
+        assert isinstance(cfg.task, DigitsConfig if task == "digits" else GlueMrpcConfig)
+        assert cfg.hardware.kind.value == hardware
+        assert cfg.precision.mode.value == precision
+        assert cfg.optim._target_.lower().endswith(optim)
+        assert cfg.scheduler._target_.endswith(f"{scheduler}_with_warmup")
+
+
+def test_experiment_option_composes():
+    for path in (CONF_DIR / "experiment").glob("*.yaml"):
+        compose_config(f"experiment={path.stem}")
+
+
+def test_command_line_beats_task_recipe():
+    assert compose_config().optim.lr == pytest.approx(3e-3)  # digits' recipe
+    assert compose_config("optim.lr=1e-4").optim.lr == pytest.approx(1e-4)
+    assert compose_config("task=glue_mrpc").optim.lr == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("override, error", [
+    ("trainer.batchsize=3", ConfigKeyError),        # typo key
+    ("trainer.batch_size=abc", ValidationError),     # wrong type
+    ("early_stopping.mode=up", ValidationError),     # unknown enum value
+    ("seed=1.5", ValidationError),
+])
+def test_schema_rejects_at_compose_time(override, error):
+    with pytest.raises((error, ConfigCompositionException)):
+        compose_config(override)
+
+
+@pytest.mark.parametrize("override", ["task=nope", "hardware=tpu9", "precision=fp8"])
+def test_unknown_option_is_rejected(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_config(override)
+
+
+@pytest.mark.parametrize("overrides, cuda, fragment", [
+    (["precision=fp16"], 0, "precision=fp16 needs a CUDA GPU"),
+    (["hardware=gpu"], 0, "needs a CUDA GPU"),
+    (["trainer.batch_size=0"], 0, "trainer.batch_size must be positive"),
+    (["optim.lr=-1"], 0, "optim.lr must be a positive number"),
+    (["optim.lr=0"], 0, "optim.lr must be a positive number"),
+    (["trainer.gradient_accumulation_steps=0"], 0, "gradient_accumulation_steps must be positive"),
+    (["checkpoint.total_limit=0"], 0, "checkpoint.total_limit must be positive"),
+    (["hardware=multi_cpu", "hardware.num_processes=1"], 0, "needs at least 2 processes"),
+    (["hardware=fsdp", "hardware.num_processes=1"], 0, "needs at least 2 processes"),
+    (["hardware=cpu", "hardware.num_processes=2"], 0, "runs one process"),
+    (["hardware=multi_gpu", "hardware.num_processes=4"], 2, "more GPUs than the 2 visible"),
+    (["trainer.max_epochs=0", "trainer.max_steps=-1"], 0, "max_epochs or trainer.max_steps"),
+])
+def test_cross_field_rules(overrides, cuda, fragment):
+    cfg = compose_config(*overrides)
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")) as info:
+        validate(cfg, cuda_device_count=cuda)
+    message = str(info.value)
+    assert "\n" not in message and message.endswith(".")
+
+
+def test_valid_configs_pass_validation():
+    validate(compose_config(), cuda_device_count=0)
+    validate(compose_config("hardware=multi_cpu", "hardware.num_processes=2"), cuda_device_count=0)
+    validate(compose_config("precision=fp16", "hardware=gpu"), cuda_device_count=1)
+    validate(compose_config("precision=bf16"), cuda_device_count=0)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["trainer.batchsize=3"], "batchsize"),
+    (["trainer.batch_size=abc"], "batch_size"),
+    (["task=nope"], "nope"),
+    (["precision=fp16"], "precision=fp16 needs a CUDA GPU"),
+    (["hardware=gpu"], "needs a CUDA GPU"),
+    (["trainer.batch_size=0"], "trainer.batch_size must be positive"),
+    (["optim.lr=-1"], "optim.lr must be a positive number"),
+])
+def test_bad_input_exits_nonzero_and_writes_only_the_log(tmp_path, args, fragment):
+    run_dir = tmp_path / "run"
+    proc = run_app(f"hydra.run.dir={run_dir}", *args, cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0
+    assert fragment in proc.stderr
+    assert "Traceback" not in proc.stderr
+    written = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")} if run_dir.exists() else set()
+    # Hydra's own record of the composed config and the log are the only things allowed.
+    assert written <= {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "app.log"}

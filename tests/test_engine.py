@@ -1,0 +1,120 @@
+"""The training loop: stop decisions, logging, and the engine's independence from device names."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.engine.build import build_accelerator, build_components, build_early_stopping
+from app.engine.loop import LoopState, fit
+from app.tasks.digits import DigitsTask
+from tests.conftest import REPO, compose_config
+
+FAST = ["logging.trackers=[]", "logging.progress_bar=false", "trainer.batch_size=128"]
+
+
+class ScriptedDigits(DigitsTask):
+    """Digits, but evaluation reports a scripted accuracy sequence (and can poison the loss)."""
+
+    def __init__(self, cfg, accuracies, nan_from_step=None):
+        super().__init__(cfg)
+        self.accuracies = list(accuracies)
+        self.evaluations = 0
+        self.nan_from_step = nan_from_step
+        self.train_steps = 0
+
+    def compute_metrics(self, logits, labels):
+        metrics = super().compute_metrics(logits, labels)
+        metrics["accuracy"] = self.accuracies[self.evaluations]
+        self.evaluations += 1
+        return metrics
+
+    def step(self, model, batch):
+        out = super().step(model, batch)
+        if model.training:
+            self.train_steps += 1
+            if self.nan_from_step is not None and self.train_steps >= self.nan_from_step:
+                out.loss = out.loss * math.nan
+        return out
+
+
+def run_fit(tmp_path: Path, task_factory, *overrides: str):
+    cfg = compose_config(*FAST, *overrides)
+    acc = build_accelerator(cfg, tmp_path)
+    acc.init_trackers("test")
+    task = task_factory(cfg.task)
+    components = build_components(cfg, acc, task)
+    state = fit(components, cfg, LoopState(), build_early_stopping(cfg))
+    acc.end_training()
+    return state, task
+
+
+def test_early_stopping_stops_at_the_expected_evaluation(tmp_path):
+    accuracies = [0.5, 0.7, 0.69, 0.7, 0.71, 0.6, 0.6, 0.9, 0.9, 0.9]
+    state, task = run_fit(tmp_path, lambda c: ScriptedDigits(c, accuracies),
+                          "trainer.max_epochs=10", "early_stopping.patience=2", "early_stopping.min_delta=0.005")
+    # best 0.7 at eval 2; 0.69, 0.7 do not beat it by > 0.005: stop after eval 4.
+    assert task.evaluations == 4
+    assert state.epoch == 4
+    assert "did not improve for 2 evaluations" in state.stop_reason
+
+
+def test_nan_loss_stops_at_the_next_log_step(tmp_path):
+    state, _ = run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 50, nan_from_step=13),
+                       "trainer.log_every_n_steps=5", "trainer.max_epochs=5")
+    assert state.global_step == 15
+    assert "training loss is nan at step 15" in state.stop_reason
+
+
+def test_max_steps_ends_the_run_and_evaluates_the_final_weights(tmp_path):
+    state, task = run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 10),
+                          "trainer.max_steps=7", "trainer.eval_every_n_steps=5", "logging.trackers=[]")
+    assert state.global_step == 7
+    assert task.evaluations == 2  # at step 5, and once more for the final weights at step 7
+    assert state.last_eval_step == 7
+
+
+def test_eval_every_n_steps_and_metrics_jsonl(tmp_path):
+    cfg_overrides = ["trainer.max_steps=12", "trainer.eval_every_n_steps=4", "trainer.log_every_n_steps=3"]
+    run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.1, 0.2, 0.3]), *cfg_overrides)
+    events = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [e["step"] for e in events if "train/loss" in e]
+    eval_steps = [e["step"] for e in events if "eval/accuracy" in e]
+    assert train_steps == [3, 6, 9, 12]
+    assert eval_steps == [4, 8, 12]
+    assert [e["eval/accuracy"] for e in events if "eval/accuracy" in e] == [0.1, 0.2, 0.3]
+    assert all({"step", "epoch"} <= set(e) for e in events)
+    lrs = [e["train/lr"] for e in events if "train/lr" in e]
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] > 0 and lrs[-1] == 0.0  # linear decay to 0 at the end
+
+
+def test_engine_never_names_a_device_or_collective_backend():
+    pattern = re.compile(r"\b(cuda|xla|gloo|nccl|mps)\b", re.IGNORECASE)
+    offenders = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "app" / "engine").glob("*.py")
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
+def test_lr_schedule_shapes():
+    from app.engine.schedulers import cosine_with_warmup, linear_with_warmup
+
+    def lrs(factory, **kw):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = factory(opt, total_steps=10, **kw)
+        out = []
+        for _ in range(10):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    linear = lrs(linear_with_warmup, warmup_steps=2)
+    assert linear[:3] == pytest.approx([0.5, 1.0, 1.0])
+    assert linear[-1] == pytest.approx(0.125) and all(a >= b for a, b in zip(linear[1:], linear[2:]))
+    cosine = lrs(cosine_with_warmup, warmup_ratio=0.2)
+    assert cosine[1] == pytest.approx(1.0) and cosine[-1] < 0.05
