@@ -24,11 +24,11 @@ log = logging.getLogger("app")
 register_configs()
 
 
-def fail(message: str) -> None:
-    """One sentence on stderr (and in the run's log), then a non-zero exit."""
+def fail(message: str, exit_code: int = 2) -> None:
+    """One sentence on stderr (and in the run's log), then a non-zero exit (2: bad input)."""
     log.error(message)
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(exit_code)
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
@@ -39,13 +39,30 @@ def main(dict_cfg: DictConfig) -> float | None:
         fail(f"invalid configuration: {err}".splitlines()[0])
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     from app.launch import launch
+    from app.worker_errors import WorkerFailed
 
     try:
         return launch(cfg, run_dir)
     except ConfigError as err:
         fail(str(err))
+    except WorkerFailed as err:
+        # The launcher has already printed the rank's traceback; the last line names rank and error.
+        fail(str(err), exit_code=1)
     return None
 
 
 if __name__ == "__main__":
+    from app.engine.checkpoint_resume import argv_for_resume
+    from app.torchrun import LaunchError, argv_for_rank
+
+    try:
+        # resume=<path> continues in the original run folder: decided before Hydra creates a new one.
+        sys.argv[1:] = argv_for_resume(sys.argv[1:])
+    except ConfigError as err:
+        fail(str(err))
+    try:
+        # Inside torchrun, every rank must agree on one run folder before Hydra creates any.
+        sys.argv[1:] = argv_for_rank(sys.argv[1:], CONF_DIR)
+    except LaunchError as err:
+        fail(str(err))
     main()

@@ -133,7 +133,7 @@ class CheckpointConfig:
 
     every_n_steps: int | None = None
     """Save every N optimizer steps; null disables step checkpoints."""
-    every_epoch: bool = False
+    every_epoch: bool = True
     """Also save at the end of every epoch."""
     total_limit: int | None = 3
     """Keep at most this many recent checkpoints (the best one is kept in addition); null keeps all."""
@@ -185,7 +185,8 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     seed: int = 42
     resume: str | None = None
-    """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto``."""
+    """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
+    of the folder given by hydra.run.dir, or a fresh start if it has none)."""
 
 
 def register_configs() -> None:
@@ -207,8 +208,12 @@ def register_configs() -> None:
         cs.store(group="task", name=f"{name}_schema", node=schema)
 
 
-def validate(cfg: RunConfig, cuda_device_count: int) -> None:
-    """Cross-field rules; raises ConfigError with one sentence. Runs before any process group exists."""
+def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] | None = None) -> None:
+    """Cross-field rules; raises ConfigError with one sentence. Runs before any process group exists.
+
+    ``launched`` is (WORLD_SIZE, LOCAL_WORLD_SIZE) when torchrun already started the processes; the
+    config must then describe the same layout.
+    """
     t, hw, ckpt = cfg.trainer, cfg.hardware, cfg.checkpoint
     positive = {
         "trainer.batch_size": t.batch_size,
@@ -259,9 +264,22 @@ def validate(cfg: RunConfig, cuda_device_count: int) -> None:
         raise ConfigError(
             f"hardware={hw.kind.value} needs at least 2 processes; set hardware.num_processes=2 or more."
         )
-    if hw.kind is HardwareKind.multi_gpu and hw.num_processes > cuda_device_count:
+    if uses_cuda and multi and hw.num_processes > cuda_device_count:
         raise ConfigError(
             f"hardware.num_processes={hw.num_processes} asks for more GPUs than the {cuda_device_count} visible."
         )
+    if launched is None and hw.num_nodes > 1:
+        raise ConfigError(
+            f"hardware.num_nodes={hw.num_nodes} needs a launcher on every node: run torchrun --nnodes "
+            f"{hw.num_nodes} --nproc_per_node {hw.num_processes} --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
+            "-m app ... on each."
+        )
+    if launched is not None:
+        world, local_world = launched
+        if (world, local_world) != (hw.num_processes * hw.num_nodes, hw.num_processes):
+            raise ConfigError(
+                f"the launcher started {world} process(es), {local_world} per node, but the config asks for "
+                f"hardware.num_nodes={hw.num_nodes} x hardware.num_processes={hw.num_processes}; make them agree."
+            )
     if hw.collective_timeout_s <= 0:
         raise ConfigError("hardware.collective_timeout_s must be positive.")

@@ -1,16 +1,161 @@
-"""Start the job: validate, then run here (one process) or in workers (several)."""
+"""Start the job: validate, then run here (one process, or one rank that torchrun started) or in
+worker processes started by torch's elastic launcher (``python -m app hardware=multi_cpu``).
+
+The parent process is the only one that ran Hydra: it chose the run folder and wrote ``.hydra/`` and
+the log; the workers receive the validated :class:`RunConfig` and that folder. Only rank 0 logs
+INFO (to the console and the run's log file); other ranks log warnings and errors.
+"""
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
+import os
+import socket
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from app.config import RunConfig, validate
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+
+from app.config import HardwareKind, RunConfig, validate
+from app.worker_errors import call_blaming_the_cause, worker_failure
+
+log = logging.getLogger(__name__)
+
+MULTI_PROCESS_KINDS = (HardwareKind.multi_cpu, HardwareKind.multi_gpu, HardwareKind.fsdp)
+LOG_FORMAT = "[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"
+
+
+def launched_world_size() -> int | None:
+    """The number of processes when this one was started by torchrun (or another launcher that sets
+    RANK and WORLD_SIZE); None for a plain ``python -m app``."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    return None
 
 
 def launch(cfg: RunConfig, run_dir: Path) -> float | None:
+    """Run the job and return rank 0's result (the monitored metric, for sweepers)."""
     import torch
 
-    validate(cfg, torch.cuda.device_count())
+    world = launched_world_size()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
+    validate(cfg, torch.cuda.device_count(), launched=(world, local_world) if world is not None else None)
     from app.engine.run import run
 
-    return run(cfg, run_dir)
+    if world is not None:
+        # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder
+        # (app.torchrun); only rank 0 kept Hydra's logging.
+        rank = int(os.environ["RANK"])
+        if rank != 0:
+            configure_worker_logging(rank, log_file=None)
+        return record(call_blaming_the_cause)(run, cfg, run_dir)
+    if cfg.hardware.kind not in MULTI_PROCESS_KINDS:
+        return run(cfg, run_dir)
+    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file()),
+                               nprocs=cfg.hardware.num_processes)
+    return results[0]
+
+
+def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None) -> float | None:
+    """Entry point of each worker that ``launch`` starts: set up logging, then run the job."""
+    from app.engine.run import run
+
+    configure_worker_logging(int(os.environ["RANK"]), log_file)
+    return run(cfg, Path(run_dir))
+
+
+def configure_worker_logging(rank: int, log_file: str | None) -> None:
+    """Rank 0 logs INFO to stdout and the run's log file; the others only warnings, to stderr."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
+    if rank == 0 and log_file is not None:
+        handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
+def _current_log_file() -> str | None:
+    """The file Hydra's job logging writes (``<run folder>/app.log``), for the workers to append to."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            return handler.baseFilename
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` local processes with torch's elastic launcher; returns each
+    rank's return value in rank order.
+
+    When a rank raises or dies the launcher stops the others (``max_restarts=0``) and this raises
+    :class:`~app.worker_errors.WorkerFailed` naming the failing rank and its error. Used by
+    ``launch``, the tests and the benchmarks.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # The launcher keeps each rank's error file there; nothing else of it outlives the run.
+    logs = tempfile.TemporaryDirectory(prefix="app-launch-")
+    config = LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=logs.name),
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nprocs,
+        run_id=f"app-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"localhost:{free_port()}",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method=_start_method(),
+        # Survivors of a failed rank get this long to exit after SIGTERM, then SIGKILL.
+        shutdown_timeout=5,
+    )
+    # The launcher's own INFO lines (configs, rendezvous) are noise next to the run's log.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    try:
+        results = elastic_launch(config, _entry)(fn, args)
+    except ChildFailedError as err:
+        raise worker_failure(err) from None
+    finally:
+        logs.cleanup()
+    return [results[rank] for rank in range(nprocs)]
+
+
+def _start_method() -> str:
+    """Workers are forked from a fork server that has imported torch and the engine once (not
+    from this process, whose threads and OpenMP state a fork would copy), so a worker starts in a
+    fraction of a second instead of re-importing everything; also across the jobs of a sweep.
+
+    Workers see the environment of the moment the server started, plus the launcher's variables.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(["app.engine.run"])
+    return "forkserver"
+
+
+def _entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """What each launched process runs. The launcher wraps it in ``record``, which writes an
+    exception's traceback to the error file the parent reads (``worker_failure``)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        # As torchrun does: processes sharing a machine must not each use every core.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    return call_blaming_the_cause(fn, *args)

@@ -47,7 +47,7 @@ def default_backend(cpu: bool) -> Backend:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from app.distributed.torch_distributed import DDPBackend
 
-        return DDPBackend.from_environment(cpu=cpu)
+        return DDPBackend.from_environment(cpu=cpu or not torch.cuda.is_available())
     if not cpu and torch.cuda.is_available():
         return Backend(torch.device("cuda", 0))
     return Backend(torch.device("cpu"))
@@ -274,10 +274,43 @@ class Accelerator:
 
     @contextlib.contextmanager
     def trigger_sync_in_backward(self, model: nn.Module) -> Iterator[None]:
-        """Force a gradient synchronisation in the next backward, even inside ``no_sync``."""
-        self.backend.set_requires_gradient_sync(model, True)
-        with getattr(self.backend, "force_sync", lambda m: contextlib.nullcontext())(model):
+        """Force a gradient synchronisation in the next backward, even inside ``no_sync``.
+
+        >>> with accelerator.no_sync(model):
+        ...     loss = model(batch).loss
+        ...     with accelerator.trigger_sync_in_backward(model):
+        ...         accelerator.backward(loss)
+        """
+        with self.backend.force_sync(model):
             yield
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables: Sequence[Any], even_batches: bool | None = None) -> Iterator[None]:
+        """Train on dataloaders whose ranks get different numbers of batches: a rank that runs out
+        shadows the others' DDP collectives instead of leaving them waiting (torch's ``Join``).
+
+        ``even_batches`` overrides the prepared dataloaders' setting inside the block (set it to
+        False to let ranks really have uneven inputs). Join is enabled only when batches are uneven;
+        on one process this is a no-op.
+
+        >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+        ...     for batch in loader:
+        ...         ...
+        """
+        if self.num_processes == 1:
+            yield
+            return
+        saved = [(loader, loader.batch_sampler.even_batches) for loader in self._dataloaders]
+        if even_batches is not None:
+            for loader, _ in saved:
+                loader.batch_sampler.even_batches = even_batches
+        uneven = not (even_batches if even_batches is not None else self.even_batches)
+        try:
+            with self.backend.join(list(joinables), enable=uneven):
+                yield
+        finally:
+            for loader, value in saved:
+                loader.batch_sampler.even_batches = value
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
         """The precision's autocast context (a no-op in full precision)."""
@@ -521,6 +554,53 @@ class Accelerator:
             if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise ValueError(f"{type(obj).__name__} has no state_dict/load_state_dict, so it cannot be checkpointed.")
         self._custom_objects.extend(objects)
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
+                   *, metadata: dict[str, Any] | None = None) -> Path:
+        """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states of every
+        rank and registered objects, atomically (see ``app/distributed/checkpointing.py``); every
+        process must call it. Returns the checkpoint folder.
+
+        Without ``output_dir``: ``<project_dir>/checkpoints/checkpoint_<N>``, N continuing from the
+        checkpoints already there. ``metadata`` (step, epoch, config_hash, metric, anything else)
+        is recorded in the folder's ``manifest.json``.
+
+        >>> accelerator = Accelerator(project_dir="runs/exp1")
+        >>> accelerator.save_state()                  # runs/exp1/checkpoints/checkpoint_0
+        >>> accelerator.load_state()                  # the newest checkpoint that verifies
+        """
+        if not safe_serialization:
+            raise ValueError("save_state writes safetensors and JSON only (no pickle); safe_serialization=False "
+                             "is not supported.")
+        from app.distributed.checkpointing import save_state
+
+        return save_state(self, output_dir, metadata)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, *, config_hash: str | None = None) -> Any:
+        """Restore what save_state wrote, RNG states last; returns the checkpoint's manifest.
+
+        ``input_dir``: one checkpoint, a ``checkpoints/`` folder or a run folder (then the newest
+        checkpoint whose files match their SHA-256 is used); default: the project's checkpoints.
+        ``config_hash``: refuse a checkpoint whose manifest records another one. Raises
+        ``CheckpointError`` (a ``ConfigError``) when no usable checkpoint is found.
+
+        >>> accelerator.load_state("runs/exp1/checkpoints/checkpoint_3")
+        """
+        from app.distributed.checkpointing import load_state
+
+        return load_state(self, input_dir, config_hash)
+
+    def save_model(self, model: nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB",
+                   safe_serialization: bool = True) -> None:
+        """Write the full weights as ``model.safetensors``, or as ``model-0000i-of-0000N.safetensors``
+        shards with ``model.safetensors.index.json`` when larger than ``max_shard_size``; every process
+        calls it, the main process writes.
+
+        >>> accelerator.save_model(model, "export", max_shard_size="1GB")
+        """
+        from app.distributed.checkpointing import save_model
+
+        save_model(self, model, save_directory, max_shard_size, safe_serialization)
 
 
 def _all_tensors(data: Any) -> bool:

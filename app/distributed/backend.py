@@ -8,6 +8,7 @@ FSDP2) live in ``torch_distributed.py``; an XLA backend is one more subclass of 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, ContextManager, Iterable
 
 import torch
@@ -45,12 +46,48 @@ class Backend:
     def set_requires_gradient_sync(self, model: nn.Module, requires_sync: bool) -> None:
         """FSDP2-style switch; DDP uses no_sync instead."""
 
+    def force_sync(self, model: nn.Module) -> ContextManager[Any]:
+        """Synchronise gradients in the next backward even inside ``no_sync``."""
+        return contextlib.nullcontext()
+
+    def join(self, joinables: list[Any], enable: bool) -> ContextManager[Any]:
+        """Let ranks that ran out of batches shadow the others' collectives (DDP's ``Join``)."""
+        return contextlib.nullcontext()
+
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
 
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights, on CPU, valid on the main process (others may get {})."""
         return {k: v.detach().cpu() for k, v in self.unwrap_model(model).state_dict().items()}
+
+    # -- checkpoint files (every rank calls these; see app/distributed/checkpointing.py) ----------------
+    def save_model_state(self, model: nn.Module, folder: Path, name: str) -> dict[str, Any]:
+        """Write the model's weights into a checkpoint folder; returns the files *this rank* wrote, by
+        name: a ``checkpoint_format.WrittenFile``, or the Path of a file another library wrote (the
+        caller fsyncs and hashes them). Default: the main process writes the full state to
+        ``<name>.safetensors``."""
+        from app.distributed.checkpointing import save_full_model_state
+
+        return save_full_model_state(self, model, folder, name)
+
+    def load_model_state(self, model: nn.Module, folder: Path, name: str) -> None:
+        from app.distributed.checkpointing import load_full_model_state
+
+        load_full_model_state(self, model, folder, name)
+
+    def save_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                             name: str) -> dict[str, Any]:
+        """Like save_model_state, for the optimizer that updates ``model``'s parameters."""
+        from app.distributed.checkpointing import save_full_optimizer_state
+
+        return save_full_optimizer_state(self, model, optimizer, folder, name)
+
+    def load_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                             name: str) -> None:
+        from app.distributed.checkpointing import load_full_optimizer_state
+
+        load_full_optimizer_state(self, model, optimizer, folder, name)
 
     # -- collectives (identities on one process) ------------------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

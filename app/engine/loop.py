@@ -18,6 +18,7 @@ from torch import nn
 
 from app.config import RunConfig
 from app.distributed import Accelerator
+from app.engine.faults import fault_point
 from app.engine.progress import Progress
 from app.engine.triggers import EarlyStopping
 from app.tasks.base import Task
@@ -39,9 +40,14 @@ class LoopState:
     stop_reason: str | None = None
     last_eval_step: int = -1
     last_metrics: dict[str, float] = field(default_factory=dict)
+    loss_sum: float | torch.Tensor = 0.0
+    """Training loss summed since the last log line: a device tensor while training (no host sync per
+    step), a float in a checkpoint, so the first loss logged after a resume is the uninterrupted one."""
+    loss_batches: int = 0
+    """Micro-batches summed in loss_sum."""
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "loss_sum": float(self.loss_sum)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -122,10 +128,11 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     progress = Progress(total_steps, initial=state.global_step,
                         enabled=acc.is_main_process and cfg.logging.progress_bar)
     batches_per_epoch = len(c.train_loader)
-    running_loss = torch.zeros((), device=acc.device)
-    running_batches = 0
+    # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
+    running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
     window_start = time.perf_counter()
     window_samples = 0
+    inject_fault = fault_point(acc.process_index)  # drills only: see app/engine/faults.py
     model.train()
 
     while state.epoch < t.max_epochs and state.stop_reason is None:
@@ -147,18 +154,19 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
             window_samples += global_batch
             # Accumulated on the device: no host sync per step.
             running_loss += out.loss.detach()
-            running_batches += 1
+            state.loss_batches += 1
             if not acc.sync_gradients:
                 continue
 
             state.global_step += 1
+            inject_fault(state.global_step)
             progress.update()
             decision_point = False
             metrics: dict[str, float] | None = None
 
             if state.global_step % t.log_every_n_steps == 0:
                 decision_point = True
-                loss = acc.reduce(running_loss / running_batches, reduction="mean").item()
+                loss = acc.reduce(running_loss / state.loss_batches, reduction="mean").item()
                 elapsed = time.perf_counter() - window_start
                 train_metrics = {
                     "train/loss": loss,
@@ -169,7 +177,7 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 acc.log(train_metrics, step=state.global_step)
                 progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
                 running_loss.zero_()
-                running_batches = 0
+                state.loss_batches = 0
                 window_start, window_samples = time.perf_counter(), 0
                 if cfg.early_stopping.stop_on_nan and not math.isfinite(loss):
                     state.stop_reason = f"training loss is {loss} at step {state.global_step}"

@@ -1,0 +1,281 @@
+"""Multi-process backends on ``torch.distributed``: DDP and FSDP2 (``fully_shard``), one process per
+CPU worker (gloo) or per GPU (nccl for CUDA tensors, gloo for CPU tensors).
+
+Both read the process layout from the variables torchrun and torch's elastic launcher set (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and create the process group with
+a timeout, so a collective whose peer died fails instead of hanging. Only this file names a
+collective backend or ``cuda``; the engine goes through :class:`~app.distributed.backend.Backend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from app.distributed.backend import Backend
+
+log = logging.getLogger(__name__)
+
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_LAYOUT_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class TorchDistributedBackend(Backend):
+    """One rank of a process group: the collectives shared by DDP and FSDP2."""
+
+    def __init__(self, device: torch.device, *, process_index: int, num_processes: int,
+                 local_process_index: int, num_local_processes: int, owns_group: bool = False):
+        super().__init__(device)
+        self.process_index = process_index
+        self.num_processes = num_processes
+        self.local_process_index = local_process_index
+        self.num_local_processes = num_local_processes
+        self._owns_group = owns_group
+
+    @classmethod
+    def from_environment(cls, cpu: bool, timeout_s: float = 600.0, **kwargs: Any) -> TorchDistributedBackend:
+        """Join the process group described by torchrun's environment variables (creating it unless
+        this process already has one). ``kwargs`` go to the subclass constructor."""
+        missing = [name for name in _LAYOUT_VARS if name not in os.environ]
+        if missing:
+            raise RuntimeError(
+                f"{cls.__name__} needs the variables a launcher sets ({', '.join(missing)} missing); start with "
+                "python -m app hardware=multi_cpu hardware.num_processes=N, or with torchrun."
+            )
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if cpu:
+            device, backend = torch.device("cpu"), "gloo"
+        else:
+            device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(device)
+            # CUDA tensors go through nccl; CPU tensors (pickled objects, CPU metrics) through gloo.
+            backend = "cpu:gloo,cuda:nccl"
+        owns_group = not dist.is_initialized()
+        if owns_group:
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        return cls(device, process_index=rank, num_processes=world, local_process_index=local_rank,
+                   num_local_processes=local_world, owns_group=owns_group, **kwargs)
+
+    # -- collectives ----------------------------------------------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate along dim 0. Ranks may hold different dim-0 sizes (the last batch of an uneven
+        split): sizes are gathered first, every rank pads to the largest, and the padding is cut off."""
+        tensor = tensor.reshape(1) if tensor.dim() == 0 else tensor.contiguous()
+        # gloo has no bool collectives; uint8 carries the same values.
+        is_bool = tensor.dtype is torch.bool
+        if is_bool:
+            tensor = tensor.to(torch.uint8)
+        size = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+        sizes = [torch.empty_like(size) for _ in range(self.num_processes)]
+        dist.all_gather(sizes, size)
+        counts = [int(s.item()) for s in sizes]
+        longest = max(counts)
+        if tensor.shape[0] < longest:
+            pad = tensor.new_zeros((longest - tensor.shape[0], *tensor.shape[1:]))
+            tensor = torch.cat([tensor, pad])
+        parts = [torch.empty_like(tensor) for _ in range(self.num_processes)]
+        dist.all_gather(parts, tensor)
+        out = torch.cat([part[:count] for part, count in zip(parts, counts)])
+        return out.bool() if is_bool else out
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.num_processes
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        if op not in _OPS:
+            raise ValueError(f"reduction must be one of {sorted(_OPS)}, got {op!r}.")
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=_OPS[op])
+        # ReduceOp.AVG exists only on nccl: divide a sum instead (integers become floats).
+        return out / self.num_processes if op == "mean" else out
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        out = tensor.detach().clone().contiguous()
+        dist.broadcast(out, src=src)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+
+class DDPBackend(TorchDistributedBackend):
+    """``DistributedDataParallel``: every rank holds the whole model; gradients are all-reduced
+    (averaged) during backward."""
+
+    @property
+    def distributed_type(self) -> str:
+        return "MULTI_CPU" if self.device.type == "cpu" else "MULTI_GPU"
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        model = model.to(self.device)
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # nothing to synchronise (a frozen or evaluation-only model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+
+    def unwrap_model(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def set_requires_gradient_sync(self, model: nn.Module, requires_sync: bool) -> None:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model.require_backward_grad_sync = requires_sync
+
+    @contextlib.contextmanager
+    def force_sync(self, model: nn.Module) -> Iterator[None]:
+        """Synchronise in the next backward although the forward ran under ``no_sync``: DDP decides
+        at forward time, so its reducer is told again here (what Accelerate does)."""
+        if not isinstance(model, nn.parallel.DistributedDataParallel):
+            yield
+            return
+        before = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = before
+
+    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
+        from torch.distributed.algorithms import Join, Joinable
+
+        # DDP models (and e.g. ZeroRedundancyOptimizer) know how to shadow their peers' collectives.
+        usable = [j for j in joinables if isinstance(j, Joinable)]
+        if not usable:
+            return contextlib.nullcontext()
+        return Join(usable, enable=enable, throw_on_early_termination=False)
+
+
+class FSDPBackend(TorchDistributedBackend):
+    """FSDP2: parameters, gradients and optimizer states are sharded across ranks (``fully_shard``
+    on each layer, then on the root); parameters are DTensors."""
+
+    def __init__(self, device: torch.device, *, reshard_after_forward: bool = True, **layout: Any):
+        super().__init__(device, **layout)
+        self.reshard_after_forward = reshard_after_forward
+
+    @property
+    def distributed_type(self) -> str:
+        return "FSDP"
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        model = model.to(self.device)
+        mesh = init_device_mesh(self.device.type, (self.num_processes,))
+        for layer in _shard_units(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        # The root gathers whatever the layers do not own (embeddings' neighbours, norms, heads).
+        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward)
+        return model
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        return _gradient_sync(model, False)
+
+    def force_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
+        return _gradient_sync(model, True)
+
+    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
+        if enable:
+            # Without Join support a rank that runs out of batches would leave the others waiting.
+            raise NotImplementedError("join_uneven_inputs with uneven batches is not supported under FSDP2; "
+                                      "keep even_batches=True.")
+        return contextlib.nullcontext()
+
+    def set_requires_gradient_sync(self, model: nn.Module, requires_sync: bool) -> None:
+        if hasattr(model, "set_requires_gradient_sync"):
+            cast(Any, model).set_requires_gradient_sync(requires_sync)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float) -> torch.Tensor:
+        # Gradients are sharded DTensors: the norm torch computes is already global; it comes back
+        # as a DTensor, and callers expect a plain tensor.
+        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Gathered on rank 0 (a collective: every rank calls it); other ranks get ``{}``."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+
+    # -- checkpoints: sharded weights with torch.distributed.checkpoint (app/distributed/checkpoint_fsdp.py)
+    def save_model_state(self, model: nn.Module, folder: Path, name: str) -> dict[str, Any]:
+        from app.distributed import checkpoint_fsdp
+
+        return checkpoint_fsdp.save_model_state(self, model, folder, name)
+
+    def load_model_state(self, model: nn.Module, folder: Path, name: str) -> None:
+        from app.distributed import checkpoint_fsdp
+
+        checkpoint_fsdp.load_model_state(self, model, folder, name)
+
+    def save_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                             name: str) -> dict[str, Any]:
+        from app.distributed import checkpoint_fsdp
+
+        return checkpoint_fsdp.save_optimizer_state(self, model, optimizer, folder, name)
+
+    def load_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                             name: str) -> None:
+        from app.distributed import checkpoint_fsdp
+
+        checkpoint_fsdp.load_optimizer_state(self, model, optimizer, folder, name)
+
+
+def _shard_units(model: nn.Module) -> list[nn.Module]:
+    """The submodules that get their own FSDP2 group, innermost first: a Transformers model's
+    repeated blocks (``_no_split_modules``), else every parameter-heavy layer."""
+    block_names = set(getattr(model, "_no_split_modules", None) or [])
+    if block_names:
+        units = [m for m in model.modules() if type(m).__name__ in block_names]
+        if units:
+            return units
+    heavy = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    return [m for m in model.modules() if m is not model and isinstance(m, heavy)]
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, requires_sync: bool) -> Iterator[None]:
+    if not hasattr(model, "set_requires_gradient_sync"):
+        yield
+        return
+    fsdp_model = cast(Any, model)  # an FSDPModule: fully_shard swapped its class
+    fsdp_model.set_requires_gradient_sync(requires_sync)
+    try:
+        yield
+    finally:
+        # Back to FSDP2's default: reduce-scatter in every backward.
+        fsdp_model.set_requires_gradient_sync(True)
