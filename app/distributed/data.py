@@ -12,17 +12,23 @@ sized batches; ``remainder`` records how many of that step's samples are real so
 be dropped after a gather. Without it, ranks may get fewer or smaller batches at the end.
 
 Resuming. The sampler's position is (epoch, global steps already taken); skipping is an index slice,
-so resuming never replays the data pipeline.
+so resuming never replays the data pipeline. A loader's ``state_dict`` records the position as
+*samples* consumed in the epoch, so a different number of processes resumes at the same sample.
+Iterating never draws from the global torch RNG (the DataLoader gets its own generator, seeded per
+epoch): a run resumed mid-epoch consumes random numbers exactly as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Iterator
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+
+log = logging.getLogger(__name__)
 
 
 class GradientState:
@@ -88,6 +94,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return self.per_process_batch * self.num_processes
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            # A skip (resume) applies to the epoch it was set for only.
+            self.skip_steps = 0
         self.epoch = epoch
 
     def global_steps(self) -> int:
@@ -166,8 +175,13 @@ class DataLoaderShard:
     """
 
     def __init__(self, loader: DataLoader, batch_sampler: ShardedBatchSampler, device: torch.device,
-                 state: GradientState):
+                 state: GradientState, generator: torch.Generator | None = None):
         self.base_dataloader = loader
+        self.generator = generator
+        self.position = 0
+        """Global steps of the current epoch already handed out (skipped ones included)."""
+        self._resume_at: int | None = None
+        """Set by load_state_dict: where the next iteration of this epoch starts."""
         self.batch_sampler = batch_sampler
         self.device = device
         self.gradient_state = state
@@ -182,6 +196,9 @@ class DataLoaderShard:
         return len(self.batch_sampler)
 
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.batch_sampler.epoch:
+            self.position = 0
+            self._resume_at = None
         self.batch_sampler.set_epoch(epoch)
 
     @property
@@ -191,6 +208,14 @@ class DataLoaderShard:
     def __iter__(self) -> Iterator[Any]:
         self.end_of_dataloader = False
         self.remainder = -1
+        sampler = self.batch_sampler
+        if self.generator is not None:
+            # Worker seeds depend on (seed, epoch) only, and the global RNG is left untouched.
+            self.generator.manual_seed(sampler.seed + sampler.epoch)
+        if self._resume_at is not None and not sampler.skip_steps:
+            sampler.skip_steps = self._resume_at
+        self._resume_at = None
+        self.position = sampler.skip_steps
         iterator = iter(self.base_dataloader)
         self.gradient_state.active.append(self)
         try:
@@ -200,8 +225,12 @@ class DataLoaderShard:
                 if upcoming is _END:
                     self.end_of_dataloader = True
                     self.remainder = self.batch_sampler.last_step_remainder()
+                self.position += 1
                 yield send_to_device(current, self.device) if self._needs_move else current
                 current = upcoming
+            # A finished pass leaves nothing to skip: a checkpoint taken now resumes at a fresh pass
+            # (the evaluation loader, or the training loader once the loop moves to the next epoch).
+            self.position = 0
         finally:
             self.gradient_state.active.remove(self)
             self.end_of_dataloader = False
@@ -209,8 +238,26 @@ class DataLoaderShard:
             self.batch_sampler.skip_steps = 0
 
     def state_dict(self) -> dict[str, int]:
+        """Epoch, shuffle seed and samples consumed in the epoch (by all processes together)."""
         s = self.batch_sampler
-        return {"epoch": s.epoch, "seed": s.seed, "global_batch": s.global_batch}
+        # Inside the epoch's last step (not yet moved on): the whole epoch is consumed.
+        done = s.num_samples if self.position >= s.global_steps() else self.position * s.global_batch
+        return {"epoch": s.epoch, "seed": s.seed, "global_batch": s.global_batch, "samples_in_epoch": done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue where ``state`` left off: the next iteration of that epoch skips the consumed
+        samples (an index slice; ``len()`` still counts the whole epoch). With another global batch
+        size the position is rounded down to a whole global step, so a few samples may be seen
+        twice, never skipped."""
+        s = self.batch_sampler
+        s.seed = int(state["seed"])
+        s.epoch = int(state["epoch"])
+        done = int(state["samples_in_epoch"])
+        self._resume_at = self.position = s.global_steps() if done >= s.num_samples else done // s.global_batch
+        if done < s.num_samples and done % s.global_batch:
+            log.warning("resuming %d samples into epoch %d with a global batch of %d: the last %d samples "
+                        "before the checkpoint are seen again.", done, s.epoch, s.global_batch,
+                        done % s.global_batch)
 
 
 def find_shuffle(loader: DataLoader) -> bool:
@@ -244,16 +291,18 @@ def shard_dataloader(
         even_batches=even_batches,
         split_batches=split_batches,
     )
+    generator = torch.Generator()
     rebuilt = DataLoader(
         loader.dataset,
         batch_sampler=sampler,
+        generator=generator,
         collate_fn=loader.collate_fn,
         num_workers=loader.num_workers,
         pin_memory=loader.pin_memory,
         worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
     )
-    return DataLoaderShard(rebuilt, sampler, device, state)
+    return DataLoaderShard(rebuilt, sampler, device, state, generator)
 
 
 def skip_first_batches(loader: DataLoaderShard, num_batches: int) -> DataLoaderShard:

@@ -45,10 +45,13 @@ class JsonlTracker(Tracker):
 class TensorBoardTracker(Tracker):
     name = "tensorboard"
 
-    def __init__(self, logging_dir: Path, project_name: str, config: dict[str, Any]):
+    def __init__(self, logging_dir: Path, project_name: str, config: dict[str, Any],
+                 init_kwargs: dict[str, Any] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tracker = SummaryWriter(log_dir=str(logging_dir / "tensorboard"))
+        # init_kwargs={"purge_step": N} (a resumed run) hides events at steps >= N that the
+        # interrupted run wrote after its last checkpoint.
+        self.tracker = SummaryWriter(log_dir=str(logging_dir / "tensorboard"), **(init_kwargs or {}))
         if config:
             self.tracker.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```")
 
@@ -99,7 +102,7 @@ def build_trackers(names: list[str], project_name: str, logging_dir: Path, confi
         if name == "jsonl":
             trackers.append(JsonlTracker(logging_dir / "metrics.jsonl"))
         elif name == "tensorboard":
-            trackers.append(TensorBoardTracker(logging_dir, project_name, config))
+            trackers.append(TensorBoardTracker(logging_dir, project_name, config, init_kwargs.get("tensorboard")))
         elif name == "wandb":
             trackers.append(WandbTracker(logging_dir, project_name, config, init_kwargs.get("wandb", {})))
         else:

@@ -8,6 +8,7 @@ from pathlib import Path
 from app.config import RunConfig
 from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
+from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
 from app.engine.loop import LoopState, fit
 
 log = logging.getLogger(__name__)
@@ -22,13 +23,18 @@ def run(cfg: RunConfig, run_dir: Path) -> float | None:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         components = build_components(cfg, accelerator)
-        accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg))
         stopper = build_early_stopping(cfg)
         state = LoopState()
+        checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
+        resumed = checkpoints.resume(cfg.resume)
+        with preserved_rng():
+            accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg), init_kwargs=tracker_kwargs(resumed))
         log.info("training %s on %d process(es), %s, precision %s; run folder %s", cfg.task.name,
                  accelerator.num_processes, accelerator.device, accelerator.mixed_precision, run_dir)
-        fit(components, cfg, state, stopper)
+        fit(components, cfg, state, stopper, checkpoints)
         log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, stopper.best)
+        if cfg.checkpoint.save_final_model:
+            export_model(components, run_dir / "model")
         return stopper.best
     finally:
         accelerator.end_training()

@@ -1,0 +1,192 @@
+"""Checkpoints of a training run: when to save (the loop's CheckpointHook), how to resume, and the
+final model export. Storage lives in ``app.distributed.checkpointing`` / ``checkpoint_store``.
+
+- :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
+  end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
+  the best by ``early_stopping.monitor`` with ``keep_best``.
+- :meth:`CheckpointPolicy.resume` restores ``resume=<path>|auto``: weights, optimizer, scheduler,
+  RNG states, data position and loop state, so the run continues bit for bit; ``metrics.jsonl`` is
+  cut back to what it held at the checkpoint and TensorBoard hides the later events.
+- :func:`export_model` writes ``<run folder>/model/``: weights with the model's own key names (a
+  Transformers model loads with ``from_pretrained``) plus the task's artifacts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.config import RunConfig
+from app.distributed.checkpoint_format import fsync_paths
+from app.distributed.checkpoint_store import (
+    CHECKPOINTS,
+    Manifest,
+    complete_checkpoints,
+    fault_point,
+    replace_folder,
+    rotate,
+    run_folder_of,
+)
+from app.distributed.checkpointing import apply_rng, capture_rng
+from app.engine.build import plain
+from app.engine.loop import Components, LoopState
+from app.engine.triggers import EarlyStopping
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """What a checkpoint must have been trained with to be resumed: the task (its data and model)
+    and the optimizer type. Folder locations (``*_dir`` task fields) and everything else (epochs,
+    learning rate, batch size, processes) may change on resume."""
+    task = {k: v for k, v in plain(cfg.task).items() if not k.endswith("_dir")}
+    payload = json.dumps({"task": task, "optimizer": cfg.optim._target_}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class TrainerState:
+    """The engine's part of a checkpoint (registered with the Accelerator): the loop's position and
+    counters, early stopping's best value and patience counter, and every rank's partial loss sum
+    (each rank sums its own losses between log lines; the main process writes this state)."""
+
+    def __init__(self, loop: LoopState, stopper: EarlyStopping, rank: int, world_size: int):
+        self.loop = loop
+        self.stopper = stopper
+        self.rank, self.world_size = rank, world_size
+        self.loss_sums: list[float] = []
+        """Set by the policy right before a save: loop.loss_sum of every rank."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loop": self.loop.state_dict(), "early_stopping": self.stopper.state_dict(),
+                "loss_sums": self.loss_sums}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loop.load_state_dict(state["loop"])
+        self.stopper.load_state_dict(state["early_stopping"])
+        sums = state.get("loss_sums") or []
+        if len(sums) == self.world_size:
+            self.loop.loss_sum = sums[self.rank]
+        elif sums:  # another world size: the logged loss of the first window is an approximation
+            self.loop.loss_sum = sum(sums) / len(sums)
+
+
+class CheckpointPolicy:
+    """The loop's CheckpointHook for a run folder; also resumes it."""
+
+    def __init__(self, cfg: RunConfig, components: Components, state: LoopState, stopper: EarlyStopping,
+                 run_dir: Path):
+        self.cfg = cfg.checkpoint
+        self.monitor, self.mode = cfg.early_stopping.monitor, cfg.early_stopping.mode.value
+        self.c = components
+        self.acc = components.accelerator
+        self.state = state
+        self.run_dir = run_dir
+        self.root = run_dir / CHECKPOINTS
+        self.config_hash = config_hash(cfg)
+        self.trainer_state = TrainerState(state, stopper, self.acc.process_index, self.acc.num_processes)
+        self.acc.register_for_checkpointing(self.trainer_state)
+
+    # -- CheckpointHook ------------------------------------------------------------------------------
+    def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
+        if self.cfg.every_n_steps is not None and state.global_step % self.cfg.every_n_steps == 0:
+            self.save(state)
+
+    def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
+        if self.cfg.every_epoch:
+            self.save(state)
+
+    def save(self, state: LoopState) -> Path:
+        """Write ``checkpoints/checkpoint_<N>``, then rotate (main process, after it is complete)."""
+        metric = None
+        if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
+            metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}
+        metrics_file = self.run_dir / METRICS_FILE
+        metadata = {
+            "step": state.global_step, "epoch": state.epoch, "config_hash": self.config_hash, "metric": metric,
+            # What metrics.jsonl held at this point: a resumed run cuts it back to exactly this.
+            "metrics_jsonl_bytes": metrics_file.stat().st_size if metrics_file.exists() else 0,
+        }
+        self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
+        folder = self.acc.save_state(metadata=metadata)
+        if self.acc.is_main_process:
+            fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
+            for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
+                log.info("removed old checkpoint %s (checkpoint.total_limit=%s)", removed, self.cfg.total_limit)
+        return folder
+
+    # -- resume --------------------------------------------------------------------------------------
+    def resume(self, resume: str | None) -> Manifest | None:
+        """Restore the run from ``resume`` (None: start fresh). ``auto`` continues this run folder's
+        newest valid checkpoint, or starts fresh when it has none yet. Returns the manifest used."""
+        if resume is None:
+            return None
+        acc = self.acc
+        if resume == "auto":
+            found = bool(complete_checkpoints(self.root)) if acc.is_main_process else None
+            if not acc.backend.broadcast_object(found, src=0):
+                log.info("resume=auto: no checkpoint in %s yet, starting a new run", self.root)
+                return None
+            source = self.run_dir
+        else:
+            source = Path(resume)
+        manifest: Manifest = acc.load_state(source, config_hash=self.config_hash)
+        # The loaders re-derived their position from samples consumed (the global batch may differ
+        # from the checkpoint's); the loop counts in this run's batches.
+        loader = self.c.train_loader
+        self.state.batches_in_epoch = loader.position if loader.batch_sampler.epoch == self.state.epoch else 0
+        if acc.is_main_process:
+            self._cut_metrics(manifest)
+        return manifest
+
+    def _cut_metrics(self, manifest: Manifest) -> None:
+        """Drop what the interrupted run logged after the checkpoint, so no step appears twice."""
+        path = self.run_dir / METRICS_FILE
+        size = manifest.extra.get("metrics_jsonl_bytes")
+        same_run = run_folder_of(Path(manifest.folder)).resolve() == self.run_dir.resolve()
+        if same_run and isinstance(size, int) and path.exists() and path.stat().st_size > size:
+            with open(path, "r+b") as f:
+                f.truncate(size)
+            log.info("cut %s back to step %d", path, manifest.step)
+
+
+def tracker_kwargs(manifest: Manifest | None) -> dict[str, Any]:
+    """Tracker options for a resumed run: TensorBoard hides the interrupted run's later events."""
+    return {"tensorboard": {"purge_step": manifest.step + 1}} if manifest is not None else {}
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Random streams come out of the block as they went in (tracker start-up may draw from them,
+    and a resumed run must continue the restored streams exactly)."""
+    saved = capture_rng()
+    try:
+        yield
+    finally:
+        apply_rng(saved)
+
+
+def export_model(c: Components, folder: Path) -> None:
+    """Write the final model to ``folder`` atomically: weights (``model.safetensors`` or shards, with
+    the unwrapped model's key names) and the task's artifacts, in a temporary folder renamed into
+    place. Every process calls it (FSDP2 gathers the weights)."""
+    acc = c.accelerator
+    temporary = folder.with_name(f".{folder.name}.tmp-{secrets.token_hex(4)}")
+    if acc.is_main_process:
+        for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+    acc.save_model(c.model, temporary)
+    if acc.is_main_process:
+        c.task.save_artifacts(acc.unwrap_model(c.model), temporary)
+        fsync_paths(p for p in temporary.rglob("*") if p.is_file())
+        replace_folder(temporary, folder)
+        log.info("exported the model to %s", folder)
+    acc.wait_for_everyone()

@@ -1,0 +1,162 @@
+"""Checkpoint cost: ``Accelerator.save_state`` against a bare ``safetensors.torch.save_file`` of the
+same tensors, and the time to the first resumed step at the start vs the end of an epoch.
+
+Save. An MLP with ``--params`` weights and AdamW moments (3x the weights in tensors). The baseline
+writes exactly those tensors (weights + both moments) to one file with ``save_file``, measured twice:
+as is, and followed by ``os.fsync`` (save_state fsyncs every file and folder, since a checkpoint is
+renamed into place only once durable; the fair comparison includes it). save_state also hashes every
+byte (SHA-256, on a second thread while writing) and writes the small JSON files and the manifest.
+Runs alternate (baseline, save_state, ...) and medians are reported, so machine load hits both alike.
+
+Resume. A dataset whose items cost ``--item-ms`` to load, ``--samples`` of them, batch 32. A
+checkpoint is taken after the first step and after the last-but-one step of an epoch; the time from
+``load_state`` to the first batch out of the loader is measured for each, and the number of items
+loaded on the way (one batch: skipping is an index slice, nothing is replayed).
+
+    python bench/checkpoint_bench.py [--params 25000000] [--repeats 3] [--samples 20000] [--item-ms 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from app.distributed import Accelerator
+
+
+def mlp(params: int) -> nn.Module:
+    width = int((params / 4) ** 0.5)  # four square layers
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(4)])
+
+
+def adam_with_state(model: nn.Module) -> torch.optim.Optimizer:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    optimizer.step()
+    return optimizer
+
+
+def bench_save(params: int, repeats: int, folder: Path) -> None:
+    acc = Accelerator(cpu=True, project_dir=folder / "project")
+    model = mlp(params)
+    optimizer = adam_with_state(model)
+    model, optimizer = acc.prepare(model, optimizer)
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    for pid, state in optimizer.state_dict()["state"].items():
+        tensors.update({f"optimizer.{pid}.{k}": v for k, v in state.items() if v.dim() > 0})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def bare(fsync: bool) -> float:
+        path = folder / "bare.safetensors"
+        start = time.perf_counter()
+        save_file(tensors, str(path))
+        if fsync:
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        elapsed = time.perf_counter() - start
+        path.unlink()
+        return elapsed
+
+    def ours() -> float:
+        start = time.perf_counter()
+        saved = acc.save_state()
+        elapsed = time.perf_counter() - start
+        shutil.rmtree(saved)
+        return elapsed
+
+    times: dict[str, list[float]] = {"save_file": [], "save_file + fsync": [], "save_state": []}
+    bare(True)  # warm-up: page cache, allocator
+    for _ in range(repeats):
+        times["save_file"].append(bare(False))
+        times["save_file + fsync"].append(bare(True))
+        times["save_state"].append(ours())
+    median = {k: statistics.median(v) for k, v in times.items()}
+    print(f"save: {total / 1e6:.0f} MB of tensors ({params / 1e6:.0f}M parameters + AdamW moments), "
+          f"median of {repeats}")
+    for name, value in median.items():
+        print(f"  {name:<18} {value:7.3f} s  ({total / 1e6 / value:6.0f} MB/s)")
+    print(f"  save_state / save_file:          {median['save_state'] / median['save_file']:.2f}x")
+    print(f"  save_state / (save_file + fsync): {median['save_state'] / median['save_file + fsync']:.2f}x")
+    acc.save_state()
+    start = time.perf_counter()
+    acc.load_state()
+    print(f"  load_state of that checkpoint (SHA-256 of every file included): {time.perf_counter() - start:.3f} s")
+
+
+class SlowItems(Dataset):
+    """Items that cost ``ms`` milliseconds each to load (decoding, augmentation...)."""
+
+    def __init__(self, n: int, ms: float):
+        self.n, self.ms, self.loaded = n, ms, 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.loaded += 1
+        end = time.perf_counter() + self.ms / 1000
+        while time.perf_counter() < end:
+            pass
+        return torch.full((8,), float(i)), torch.tensor(i % 2)
+
+
+def bench_resume(samples: int, item_ms: float, folder: Path) -> None:
+    def setup() -> tuple[Accelerator, nn.Module, torch.optim.Optimizer, DataLoader, SlowItems]:
+        acc = Accelerator(cpu=True, seed=0)
+        data = SlowItems(samples, item_ms)
+        model = nn.Linear(8, 2)
+        optimizer = torch.optim.AdamW(model.parameters())
+        model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(data, batch_size=32, shuffle=True))
+        return acc, model, optimizer, loader, data
+
+    steps = len(setup()[3])
+    print(f"resume: {samples} items of {item_ms} ms, batch 32, {steps} steps per epoch")
+    for label, position in (("start of epoch", 1), ("end of epoch", steps - 1)):
+        acc, _, _, loader, data = setup()
+        # The position a run reaches after `position` steps (set directly: iterating would load items).
+        loader.load_state_dict({"epoch": 0, "seed": 0, "global_batch": 32, "samples_in_epoch": position * 32})
+        checkpoint = acc.save_state(folder / f"resume_{position}")
+        acc, _, _, loader, data = setup()
+        start = time.perf_counter()
+        acc.load_state(checkpoint)
+        loaded_at = time.perf_counter()
+        next(iter(loader))
+        first = time.perf_counter()
+        print(f"  {label:<15} (after step {position:>4}): load_state {loaded_at - start:6.3f} s, "
+              f"first batch {first - loaded_at:6.3f} s, items loaded {data.loaded}")
+    replay = (steps - 1) * 32 * item_ms / 1000
+    print(f"  (replaying the skipped batches at the end of the epoch would load {(steps - 1) * 32} items: "
+          f"~{replay:.1f} s)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=int, default=25_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--item-ms", type=float, default=0.2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    folder = Path(tempfile.mkdtemp(prefix="checkpoint_bench_"))
+    try:
+        bench_save(args.params, args.repeats, folder)
+        bench_resume(args.samples, args.item_ms, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
