@@ -112,7 +112,9 @@ def evaluate(c: Components) -> dict[str, float]:
     expected = c.eval_loader.total_dataset_length
     if len(all_labels) != expected:
         raise RuntimeError(f"evaluation gathered {len(all_labels)} predictions for {expected} samples.")
-    return {f"eval/{k}": v for k, v in c.task.compute_metrics(all_logits, all_labels).items()}
+    metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(all_logits, all_labels).items()}
+    metrics["eval/num_samples"] = len(all_labels)
+    return metrics
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
