@@ -83,17 +83,23 @@ def engine_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[floa
     """The application's own loop (``app.engine.loop.fit``) on the same model and data. Time spent in
     evaluation (once per epoch, on a one-sample set) is measured and subtracted, so what remains is
     the training steps plus the loop's own bookkeeping (logging, triggers, progress)."""
-    from pathlib import Path
     import tempfile
+    from pathlib import Path
 
-    from app.config import (AdamWConfig, EarlyStoppingConfig, LoggingConfig, RunConfig,
-                            SchedulerConfig, TrainerConfig)
-    from app.engine.build import build_accelerator, build_components, build_early_stopping
     import app.engine.loop as loop_module
+    from app.config import (
+        AdamWConfig,
+        EarlyStoppingConfig,
+        LoggingConfig,
+        RunConfig,
+        SchedulerConfig,
+        TrainerConfig,
+    )
+    from app.engine.build import build_accelerator, build_components, build_early_stopping
     from app.engine.loop import LoopState, fit
     from app.tasks.base import TaskData
-    from app.tasks.digits_config import DigitsConfig
     from app.tasks.digits import DigitsTask
+    from app.tasks.digits_config import DigitsConfig
 
     class BenchTask(DigitsTask):
         def build_data(self, runtime):

@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from app.config import (ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker, validate)
+from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker, validate
 from app.tasks import DigitsConfig, GlueMrpcConfig
 from tests.conftest import CONF_DIR, compose_config, compose_many, run_app
 

@@ -23,8 +23,9 @@ import contextlib
 import functools
 import gc
 import os
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn

@@ -8,8 +8,9 @@ FSDP2) live in ``torch_distributed.py``; an XLA backend is one more subclass of 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ContextManager, Iterable
+from typing import Any, ContextManager
 
 import torch
 from torch import nn

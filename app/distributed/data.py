@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler

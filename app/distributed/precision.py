@@ -6,7 +6,8 @@ The choice is made once, when the runtime is built; the loop never branches on a
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, ContextManager
 
 import torch
 

@@ -8,7 +8,8 @@ and the scheduler does not advance on it.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
