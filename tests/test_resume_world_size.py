@@ -73,24 +73,33 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
 # -- workers (module level: the processes are spawned and import them by name) -----------------------
 
 
-def save_then_continue(folder: str) -> dict[str, Any]:
-    acc = Accelerator(backend=ddp_backend(), seed=5)
+def runtime(kind: str) -> tuple[Accelerator, Any]:
+    """A fresh Accelerator for ``kind`` (``ddp`` or ``fsdp``) and the matching weight snapshot."""
+    if kind == "fsdp":
+        from tests.distributed_helpers import fsdp_backend
+
+        return Accelerator(backend=fsdp_backend(), seed=5), full_snapshot
+    return Accelerator(backend=ddp_backend(), seed=5), snapshot
+
+
+def save_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
+    acc, snap = runtime(kind)
     parts = build(acc, B)
     batches = iter(parts[2])
     train(acc, parts, batches, SAVED_AT)
-    saved = snapshot(acc, parts)
+    saved = snap(acc, parts)
     acc.save_state(folder)
     losses, seen = train(acc, parts, batches, MORE)
-    return {"saved": saved, "losses": losses, "seen": seen, "final": snapshot(acc, parts)}
+    return {"saved": saved, "losses": losses, "seen": seen, "final": snap(acc, parts)}
 
 
-def load_then_continue(folder: str) -> dict[str, Any]:
-    acc = Accelerator(backend=ddp_backend(), seed=5)
+def load_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
+    acc, snap = runtime(kind)
     parts = build(acc, B)
     acc.load_state(folder)
-    loaded = snapshot(acc, parts)
+    loaded = snap(acc, parts)
     losses, seen = train(acc, parts, iter(parts[2]), MORE)
-    return {"loaded": loaded, "losses": losses, "seen": seen, "final": snapshot(acc, parts)}
+    return {"loaded": loaded, "losses": losses, "seen": seen, "final": snap(acc, parts)}
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +147,7 @@ def test_one_process_checkpoint_resumes_on_two_processes(tmp_path, kind):
         for rank in range(2):
             assert_same_state(two[rank]["loaded"], saved)
     else:  # full weights broadcast into shards, optimizer state re-keyed by parameter name
-        two = on_processes(fsdp_load_then_continue, str(tmp_path / "checkpoint"))
+        two = on_processes(load_then_continue, str(tmp_path / "checkpoint"), "fsdp")
         assert_same_state(two[0]["loaded"], saved)
     assert [two[0]["seen"][s] + two[1]["seen"][s] for s in range(MORE)] == seen
 
@@ -169,30 +178,6 @@ def test_app_on_two_processes_killed_mid_save_resumes_exactly(tmp_path):
 # -- FSDP2: sharded weights ------------------------------------------------------------------------
 
 
-def fsdp_save_then_continue(folder: str) -> dict[str, Any]:
-    from tests.distributed_helpers import fsdp_backend
-
-    acc = Accelerator(backend=fsdp_backend(), seed=5)
-    parts = build(acc, B)
-    batches = iter(parts[2])
-    train(acc, parts, batches, SAVED_AT)
-    saved = full_snapshot(acc, parts)
-    acc.save_state(folder)
-    losses, seen = train(acc, parts, batches, MORE)
-    return {"saved": saved, "losses": losses, "seen": seen, "final": full_snapshot(acc, parts)}
-
-
-def fsdp_load_then_continue(folder: str) -> dict[str, Any]:
-    from tests.distributed_helpers import fsdp_backend
-
-    acc = Accelerator(backend=fsdp_backend(), seed=5)
-    parts = build(acc, B)
-    acc.load_state(folder)
-    loaded = full_snapshot(acc, parts)
-    losses, seen = train(acc, parts, iter(parts[2]), MORE)
-    return {"loaded": loaded, "losses": losses, "seen": seen, "final": full_snapshot(acc, parts)}
-
-
 def full_snapshot(acc: Accelerator, parts: tuple[Any, ...]) -> dict[str, Any] | None:
     """Weights and optimizer moments gathered from the shards to rank 0 (keyed by parameter index);
     None on the other ranks."""
@@ -216,12 +201,12 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_exactly_and_on_one_process(tmp_p
     from app.distributed.checkpoint_store import read_manifest
 
     folder = tmp_path / "checkpoint"
-    uninterrupted = on_processes(fsdp_save_then_continue, str(folder))
+    uninterrupted = on_processes(save_then_continue, str(folder), "fsdp")
     files = set(read_manifest(folder).files)
     assert {"model/shard-00001-model-00001-of-00001.safetensors",
             "model/shard-00002-model-00001-of-00001.safetensors", "optimizer.safetensors"} <= files
     assert "model.safetensors" not in files
-    resumed = on_processes(fsdp_load_then_continue, str(folder))
+    resumed = on_processes(load_then_continue, str(folder), "fsdp")
     assert_same_state(resumed[0]["loaded"], uninterrupted[0]["saved"])
     for rank in range(2):
         assert resumed[rank]["losses"] == uninterrupted[rank]["losses"]
