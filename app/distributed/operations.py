@@ -27,15 +27,3 @@ def recursively_apply(fn: Callable[[torch.Tensor], Any], data: Any, *, error_on_
         )
     return data
 
-
-def first_tensor(data: Any) -> torch.Tensor | None:
-    if isinstance(data, torch.Tensor):
-        return data
-    if isinstance(data, Mapping):
-        data = list(data.values())
-    if isinstance(data, (list, tuple)):
-        for d in data:
-            found = first_tensor(d)
-            if found is not None:
-                return found
-    return None

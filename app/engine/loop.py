@@ -35,8 +35,6 @@ class LoopState:
     epoch: int = 0
     batches_in_epoch: int = 0
     """Micro-batches of the current epoch this process has consumed."""
-    samples_seen: int = 0
-    """Training samples consumed by all processes together."""
     stop_reason: str | None = None
     last_eval_step: int = -1
     last_metrics: dict[str, float] = field(default_factory=dict)
@@ -152,7 +150,6 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 scheduler.step()
                 optimizer.zero_grad()
             state.batches_in_epoch += 1
-            state.samples_seen += global_batch
             window_samples += global_batch
             # Accumulated on the device: no host sync per step.
             running_loss += out.loss.detach()

@@ -52,6 +52,3 @@ class EarlyStopping:
         self.best = state["best"]
         self.bad_evaluations = int(state["bad_evaluations"])
 
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)
