@@ -125,6 +125,8 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     num_workers: int = 0
     """DataLoader worker processes per training process."""
+    group_by_length: bool = False
+    """Batch training samples of similar length together (less padding; the task must give lengths)."""
 
 
 @dataclass

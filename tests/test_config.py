@@ -107,6 +107,7 @@ def test_valid_configs_pass_validation():
     (["hardware=gpu"], "needs a CUDA GPU"),
     (["trainer.batch_size=0"], "trainer.batch_size must be positive"),
     (["optim.lr=-1"], "optim.lr must be a positive number"),
+    (["trainer.group_by_length=true"], "trainer.group_by_length=true needs sample lengths"),
 ])
 def test_bad_input_exits_nonzero_and_writes_only_the_log(tmp_path, args, fragment):
     run_dir = tmp_path / "run"

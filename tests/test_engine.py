@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine.build import build_accelerator, build_components, build_early_stopping
+from app.engine.build import build_accelerator, build_components, build_early_stopping, parameter_groups
 from app.engine.loop import LoopState, fit
 from app.tasks.digits import DigitsTask
 from tests.conftest import REPO, compose_config
@@ -118,3 +118,19 @@ def test_lr_schedule_shapes():
     assert linear[-1] == pytest.approx(0.125) and all(a >= b for a, b in zip(linear[1:], linear[2:]))
     cosine = lrs(cosine_with_warmup, warmup_ratio=0.2)
     assert cosine[1] == pytest.approx(1.0) and cosine[-1] < 0.05
+
+
+def test_weight_decay_spares_biases_and_norm_weights():
+    """One AdamW step with zero gradients moves parameters by weight decay alone: matrices shrink by
+    (1 - lr * wd); biases and LayerNorm weights stay as they are."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(parameter_groups(model, weight_decay=0.5), lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    after = dict(model.named_parameters())
+    assert torch.allclose(after["0.weight"], before["0.weight"] * (1 - 0.1 * 0.5))
+    for name in ("0.bias", "1.weight", "1.bias"):
+        assert torch.equal(after[name], before[name]), name
+    assert len(parameter_groups(model, weight_decay=0.0)) == 1

@@ -208,6 +208,7 @@ def test_truncates_at_max_length(make_cfg):
     data = GlueMrpcTask(make_cfg(max_length=32)).build_data(runtime)
     assert runtime.entered == 1
     assert max(lengths(data.train)) == 32 and min(lengths(data.train)) < 32
+    assert data.train_lengths == lengths(data.train)  # what trainer.group_by_length groups by
     assert set(data.train.column_names) == {"input_ids", "token_type_ids", "attention_mask", "labels"}
     assert len(data.eval) == 16
 

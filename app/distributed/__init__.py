@@ -3,6 +3,7 @@ Accelerate), on torch.distributed, DDP, FSDP2 and torch.amp."""
 
 from app.distributed.accelerator import Accelerator
 from app.distributed.backend import Backend
+from app.distributed.length_grouping import LengthGroupedSampler
 from app.distributed.precision import Precision, build_precision
 
-__all__ = ["Accelerator", "Backend", "Precision", "build_precision"]
+__all__ = ["Accelerator", "Backend", "LengthGroupedSampler", "Precision", "build_precision"]

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+
+from app.distributed.length_grouping import LengthGroupedSampler, group_by_length
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
         process_index: int = 0,
         even_batches: bool = True,
         split_batches: bool = False,
+        lengths: Sequence[int] | None = None,
     ):
+        if lengths is not None and len(lengths) != num_samples:
+            raise ValueError(f"got {len(lengths)} lengths for {num_samples} samples")
         if split_batches and batch_size % num_processes:
             raise ValueError(
                 f"split_batches needs a batch size ({batch_size}) divisible by the number of processes "
@@ -85,6 +90,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.num_processes = num_processes
         self.process_index = process_index
         self.even_batches = even_batches
+        self.lengths = lengths
+        """Sample lengths: when given, each process's batches hold samples of similar length."""
         self.epoch = 0
         self.skip_steps = 0
         """Global steps of the current epoch to skip (set when resuming mid-epoch)."""
@@ -119,7 +126,12 @@ class ShardedBatchSampler(Sampler[list[int]]):
             return list(range(self.num_samples))
         generator = torch.Generator()
         generator.manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_samples, generator=generator).tolist()
+        order = torch.randperm(self.num_samples, generator=generator).tolist()
+        if self.lengths is not None:
+            # Grouped per process batch, not per global step: the order stays the same when a run
+            # resumes on another number of processes.
+            order = group_by_length(order, self.lengths, self.per_process_batch, generator)
+        return order
 
     def last_step_remainder(self) -> int:
         """Real samples in the final global step of an epoch."""
@@ -260,9 +272,12 @@ class DataLoaderShard:
                         done % s.global_batch)
 
 
-def find_shuffle(loader: DataLoader) -> bool:
+def find_sampling(loader: DataLoader) -> tuple[bool, Sequence[int] | None]:
+    """Whether the user's loader shuffles, and the sample lengths when it groups them by length."""
     sampler = loader.batch_sampler.sampler if isinstance(loader.batch_sampler, BatchSampler) else loader.sampler
-    return isinstance(sampler, RandomSampler)
+    if isinstance(sampler, LengthGroupedSampler):
+        return True, sampler.lengths
+    return isinstance(sampler, RandomSampler), None
 
 
 def shard_dataloader(
@@ -277,13 +292,16 @@ def shard_dataloader(
     split_batches: bool,
 ) -> DataLoaderShard:
     """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
-    workers); a RandomSampler becomes the seeded per-epoch shuffle."""
+    workers); a RandomSampler becomes the seeded per-epoch shuffle, a LengthGroupedSampler the same
+    shuffle grouped by length."""
     if loader.batch_size is None:
         raise ValueError("prepare() needs a DataLoader built with batch_size (a custom batch_sampler is not supported).")
+    shuffle, lengths = find_sampling(loader)
     sampler = ShardedBatchSampler(
         len(loader.dataset),  # type: ignore[arg-type]
         loader.batch_size,
-        shuffle=find_shuffle(loader),
+        shuffle=shuffle,
+        lengths=lengths,
         seed=seed,
         drop_last=loader.drop_last,
         num_processes=num_processes,

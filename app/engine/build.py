@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from hydra.utils import instantiate
+from torch import nn
 from torch.utils.data import DataLoader
 
-from app.config import RunConfig
-from app.distributed import Accelerator
+from app.config import ConfigError, RunConfig
+from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.factory import build_backend
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.triggers import EarlyStopping
 from app.tasks import build_task
-from app.tasks.base import Task
+from app.tasks.base import Task, TaskData
 
 
 def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
@@ -34,20 +35,46 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     task = task if task is not None else build_task(cfg.task)
     data = task.build_data(accelerator)
     model = task.build_model()
-    train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, shuffle=True,
-                              collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
+    train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
+                              num_workers=cfg.trainer.num_workers, **train_sampling(cfg, task, data))
     eval_loader = DataLoader(data.eval, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size,
                              shuffle=False, collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
     model = accelerator.prepare(model)
-    optimizer = instantiate(cfg.optim, params=[p for p in model.parameters() if p.requires_grad])
+    optimizer = instantiate(cfg.optim, params=parameter_groups(model, getattr(cfg.optim, "weight_decay", 0.0)))
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
                             total_steps=total_optimizer_steps(cfg, len(train_loader)))
     scheduler = accelerator.prepare(scheduler)
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader)
+
+
+def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]:
+    """DataLoader arguments for the training order: a plain shuffle, or one grouped by length."""
+    if not cfg.trainer.group_by_length:
+        return {"shuffle": True}
+    if data.train_lengths is None:
+        raise ConfigError(
+            f"trainer.group_by_length=true needs sample lengths, and the task {task.name} does not give "
+            "them (its samples all cost the same); leave trainer.group_by_length=false."
+        )
+    return {"sampler": LengthGroupedSampler(data.train_lengths, cfg.trainer.batch_size, seed=cfg.seed)}
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Trainable parameters, with biases and normalisation weights (the 0-d and 1-d ones) exempt
+    from weight decay, as BERT, GPT-2 and the HF Trainer train them: decaying a LayerNorm's scale
+    pulls it towards zero, which is not a regulariser but a change of the model."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not weight_decay:
+        return [{"params": params}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def build_early_stopping(cfg: RunConfig) -> EarlyStopping:

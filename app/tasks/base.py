@@ -7,7 +7,7 @@ processes, precision, the loop), so a new task is one small module.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +22,9 @@ class TaskData:
     train: Dataset
     eval: Dataset
     collate_fn: Callable[[list[Any]], Any] | None = None
+    train_lengths: Sequence[int] | None = None
+    """Length of each training sample (e.g. tokens), for ``trainer.group_by_length``; None if the
+    samples all cost the same."""
 
 
 @dataclass

@@ -98,7 +98,9 @@ class GlueMrpcTask:
         train, validation, self._raw_test = splits
         if self.cfg.predict_test and self._raw_test is None:
             raise ConfigError("task.predict_test=true needs a test split, and the MRPC data has none.")
-        return TaskData(train=train, eval=validation, collate_fn=PairCollator(self.tokenizer))
+        lengths = [len(ids) for ids in train["input_ids"]]
+        return TaskData(train=train, eval=validation, collate_fn=PairCollator(self.tokenizer),
+                        train_lengths=lengths)
 
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, datasets.Dataset, Split | None]:
         raw = load_splits(self.cfg)
