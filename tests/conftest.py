@@ -37,7 +37,7 @@ def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | N
     """Run ``python -m app`` in a subprocess, as a user would."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                 "WANDB_MODE": "offline", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, env=full_env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "app", *args], cwd=cwd, env=full_env, capture_output=True, check=False,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"python -m app {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")

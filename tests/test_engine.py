@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -115,7 +116,7 @@ def test_lr_schedule_shapes():
 
     linear = lrs(linear_with_warmup, warmup_steps=2)
     assert linear[:3] == pytest.approx([0.5, 1.0, 1.0])
-    assert linear[-1] == pytest.approx(0.125) and all(a >= b for a, b in zip(linear[1:], linear[2:]))
+    assert linear[-1] == pytest.approx(0.125) and all(a >= b for a, b in itertools.pairwise(linear[1:]))
     cosine = lrs(cosine_with_warmup, warmup_ratio=0.2)
     assert cosine[1] == pytest.approx(1.0) and cosine[-1] < 0.05
 

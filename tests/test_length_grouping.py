@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -42,7 +44,7 @@ def test_grouping_cuts_padding_and_batch_order_is_not_a_sawtooth():
     assert grouped_cost < 1.05 * sum(lengths)
     # Batches are shuffled after sorting: the longest batches are not all at mega-batch starts.
     longest = [max(lengths[i] for i in b) for b in grouped_batches]
-    descents = sum(a > b for a, b in zip(longest, longest[1:]))
+    descents = sum(a > b for a, b in itertools.pairwise(longest))
     assert 0.3 < descents / len(longest) < 0.7
 
 

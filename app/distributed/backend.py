@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,18 +41,18 @@ class Backend:
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
 
-    def no_sync(self, model: nn.Module) -> ContextManager[Any]:
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Skip the gradient all-reduce during accumulation micro-steps."""
         return contextlib.nullcontext()
 
     def set_requires_gradient_sync(self, model: nn.Module, requires_sync: bool) -> None:
         """FSDP2-style switch; DDP uses no_sync instead."""
 
-    def force_sync(self, model: nn.Module) -> ContextManager[Any]:
+    def force_sync(self, model: nn.Module) -> AbstractContextManager[Any]:
         """Synchronise gradients in the next backward even inside ``no_sync``."""
         return contextlib.nullcontext()
 
-    def join(self, joinables: list[Any], enable: bool) -> ContextManager[Any]:
+    def join(self, joinables: list[Any], enable: bool) -> AbstractContextManager[Any]:
         """Let ranks that ran out of batches shadow the others' collectives (DDP's ``Join``)."""
         return contextlib.nullcontext()
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ class Precision:
 
     name = "no"
 
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
     def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +64,7 @@ class AutocastPrecision(Precision):
         self.device_type = device_type
         self.dtype = dtype
 
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype)
 
     def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:

@@ -42,7 +42,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
     model = accelerator.prepare(model)
-    optimizer = instantiate(cfg.optim, params=parameter_groups(model, getattr(cfg.optim, "weight_decay", 0.0)))
+    # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs.
+    make_optimizer = instantiate(cfg.optim, _partial_=True)
+    optimizer = make_optimizer(params=parameter_groups(model, getattr(cfg.optim, "weight_decay", 0.0)))
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
