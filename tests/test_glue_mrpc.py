@@ -20,7 +20,7 @@ from app.tasks.glue_mrpc import (
     load_local_splits,
     read_glue_tsv,
 )
-from app.tasks.glue_mrpc_config import GlueMrpcConfig
+from app.tasks.glue_mrpc_config import GlueMrpcConfig, Pooling
 from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs, write_glue_tsv
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
@@ -292,12 +292,12 @@ def test_binary_f1_is_positive_class():
     assert metrics["accuracy"] == 0.5 and metrics["f1"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("sharded", [False, True])
-def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded):
+@pytest.mark.parametrize("sharded, pooling", [(False, "cls"), (True, "cls"), (False, "mean")])
+def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded, pooling):
     from safetensors.torch import save_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    task = GlueMrpcTask(make_cfg(max_length=32))
+    task = GlueMrpcTask(make_cfg(max_length=32, pooling=Pooling(pooling)))
     data = task.build_data(FakeRuntime())
     model = task.build_model().eval()
     export = tmp_path / "export"
@@ -309,7 +309,8 @@ def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded):
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(export / "model.safetensors"), metadata={"format": "pt"})
 
-    loaded = AutoModelForSequenceClassification.from_pretrained(export).eval()
+    remote_code = pooling == "mean"  # the mean-pooling head ships as code next to the weights
+    loaded = AutoModelForSequenceClassification.from_pretrained(export, trust_remote_code=remote_code).eval()
     tokenizer = AutoTokenizer.from_pretrained(export)
     assert loaded.config.id2label == {0: "not_equivalent", 1: "equivalent"}
     pair = ('He said "the witness" was there.', "Police denied it.")
@@ -317,6 +318,31 @@ def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded):
     batch = data.collate_fn([data.eval[i] for i in range(4)])
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).logits, model(**batch).logits)
+    if remote_code:
+        # Without trust_remote_code the load fails instead of building a [CLS] head on these weights.
+        with pytest.raises(ValueError, match="trust_remote_code"):
+            AutoModelForSequenceClassification.from_pretrained(export)
+        # Fine-tuning an export again (task.model=<export>) keeps its head, whatever task.pooling says.
+        again = GlueMrpcTask(make_cfg(model=str(export), pooling=Pooling.cls)).build_model().eval()
+        with torch.no_grad():
+            torch.testing.assert_close(again(**batch).logits, model(**batch).logits)
+
+
+def test_mean_pooling_ignores_padding_and_trains_every_parameter(make_cfg):
+    task = GlueMrpcTask(make_cfg(max_length=32, pooling=Pooling.mean))
+    data = task.build_data(FakeRuntime())
+    model = task.build_model().eval()
+    rows = [data.eval[i] for i in range(6)]
+    batch = data.collate_fn(rows)
+    with torch.no_grad():
+        together = model(**batch).logits
+        alone = torch.cat([model(**data.collate_fn([r])).logits for r in rows])
+    assert batch["attention_mask"].min() == 0  # some rows were padded
+    torch.testing.assert_close(together, alone)
+    model.train()
+    task.step(model, batch).loss.backward()
+    # No unused parameter (BERT's pooler is dropped): DDP would otherwise wait for its gradient.
+    assert all(p.grad is not None for p in model.parameters())
 
 
 # -- test split ----------------------------------------------------------------------------------------

@@ -22,7 +22,12 @@ def real_sentences(limit: int = 600) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
-def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path):
+@pytest.mark.parametrize("head", [
+    [],
+    # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP) and length-grouped batches.
+    ["task.pooling=mean", "trainer.group_by_length=true"],
+], ids=["cls", "mean-grouped"])
+def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, head):
     if REAL_MRPC.is_dir():
         data_dir, expected = REAL_MRPC, 408
         sentences = real_sentences()
@@ -35,7 +40,7 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
             f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=64", "hardware=multi_cpu",
             "hardware.num_processes=2", "precision=bf16", "trainer.max_steps=6", "trainer.eval_every_n_steps=3",
             "trainer.batch_size=8", "trainer.eval_batch_size=32", "logging.trackers=[]",
-            "logging.progress_bar=false", cwd=tmp_path, check=True, timeout=380)
+            "logging.progress_bar=false", *head, cwd=tmp_path, check=True, timeout=380)
 
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if "eval/f1" in e]
@@ -47,7 +52,7 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     exported = Path(run_dir / "model")
-    loaded = AutoModelForSequenceClassification.from_pretrained(exported)
+    loaded = AutoModelForSequenceClassification.from_pretrained(exported, trust_remote_code=bool(head))
     tokenizer = AutoTokenizer.from_pretrained(exported)
     assert loaded.config.num_labels == 2
     batch = tokenizer(["A sentence."], ["Another sentence."], return_tensors="pt")

@@ -18,6 +18,7 @@ import csv
 import functools
 import hashlib
 import json
+import shutil
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -31,7 +32,7 @@ from torch import nn
 
 from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData
-from app.tasks.glue_mrpc_config import GlueMrpcConfig
+from app.tasks.glue_mrpc_config import GlueMrpcConfig, Pooling
 from app.tasks.metrics import classification_metrics
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ class GlueMrpcTask:
         )
 
     def build_model(self) -> nn.Module:
-        return load_model(self.cfg.model, self.num_labels)
+        return load_model(self.cfg.model, self.num_labels, self.cfg.pooling)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         out = model(**batch)
@@ -132,8 +133,16 @@ class GlueMrpcTask:
         """Tokenizer files and config.json, so that from_pretrained(folder) works once the weights are there."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        from app.tasks import mean_pooling
+
         self.tokenizer.save_pretrained(folder)
-        model.config.save_pretrained(folder)  # type: ignore[union-attr, operator]
+        config = model.config  # type: ignore[union-attr]
+        config.architectures = [type(model).__name__]
+        if isinstance(model, mean_pooling.MeanPoolingForSequenceClassification):
+            # The model's code travels with it: the Auto classes load it with trust_remote_code=True.
+            config.auto_map = mean_pooling.auto_map()
+            shutil.copyfile(mean_pooling.__file__, folder / mean_pooling.MODULE_FILE)
+        config.save_pretrained(folder)  # type: ignore[operator]
 
     # -- test split (cfg.predict_test) -----------------------------------------------------------------
 
@@ -434,22 +443,43 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         ) from e
 
 
-def load_model(name: str, num_labels: int) -> nn.Module:
-    from transformers import AutoModelForSequenceClassification
+def load_model(name: str, num_labels: int, pooling: Pooling = Pooling.cls) -> nn.Module:
+    """The classifier: the model's own head (``cls``) or a mean-pooling head on its encoder.
 
+    A folder exported with the mean-pooling head loads as such whatever ``pooling`` says: the head
+    is part of that model.
+    """
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    from app.tasks import mean_pooling
+
+    labels = {
+        "num_labels": num_labels,
+        "id2label": dict(enumerate(LABEL_NAMES)),
+        "label2id": {label: i for i, label in enumerate(LABEL_NAMES)},
+    }
     try:
         with hub_access(name):
-            return AutoModelForSequenceClassification.from_pretrained(
-                name,
-                num_labels=num_labels,
-                id2label=dict(enumerate(LABEL_NAMES)),
-                label2id={label: i for i, label in enumerate(LABEL_NAMES)},
-            )
+            if _model_type(name) == mean_pooling.MeanPoolingConfig.model_type:
+                return mean_pooling.MeanPoolingForSequenceClassification.from_pretrained(name, **labels)
+            if pooling is Pooling.mean:
+                encoder = AutoModel.from_pretrained(name)
+                return mean_pooling.MeanPoolingForSequenceClassification.from_encoder(encoder, **labels)
+            return AutoModelForSequenceClassification.from_pretrained(name, **labels)
     except (OSError, ValueError) as e:
         raise ConfigError(
             f"Could not load the model {name!r}, which is neither a local folder with config.json and "
             "weights nor reachable on the hub; set task.model to a local model folder."
         ) from e
+
+
+def _model_type(name: str) -> str | None:
+    """``model_type`` from a local folder's config.json (None for hub names and unreadable files)."""
+    config = Path(name).expanduser() / "config.json"
+    try:
+        return json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager

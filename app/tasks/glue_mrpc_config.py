@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from app.config import TaskConfig
+
+
+class Pooling(str, Enum):
+    cls = "cls"
+    """The model's own sequence-classification head (BERT: the [CLS] state through its pooler)."""
+    mean = "mean"
+    """A linear classifier on the mean of the token states: the head for sentence-transformers
+    checkpoints, which were trained with mean pooling (app/tasks/mean_pooling.py)."""
 
 
 @dataclass
@@ -12,6 +21,8 @@ class GlueMrpcConfig(TaskConfig):
     name: str = "glue_mrpc"
     model: str = "bert-base-cased"
     """Hub name or local folder, loaded with AutoModelForSequenceClassification.from_pretrained."""
+    pooling: Pooling = Pooling.cls
+    """cls exports a plain transformers model; mean exports one that loads with trust_remote_code=True."""
     tokenizer: str | None = None
     """Defaults to ``model``."""
     data_dir: str | None = None
