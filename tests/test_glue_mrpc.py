@@ -401,3 +401,16 @@ def test_real_mrpc_files():
     first = splits["train"].data[0]
     assert first["sentence1"].startswith('Amrozi accused his brother, whom he called "the witness", of')
     assert first["label"] == 1 and first["idx"] == 0
+
+
+def test_a_mean_pooled_sentence_transformers_model_gets_a_hint(make_cfg, tiny_model, tmp_path, caplog):
+    import shutil
+
+    folder = shutil.copytree(tiny_model, tmp_path / "st_model")
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    with caplog.at_level("INFO", logger="app.tasks.glue_mrpc"):
+        GlueMrpcTask(make_cfg(model=str(tiny_model))).build_model()
+        assert "task.pooling=mean" not in caplog.text
+        GlueMrpcTask(make_cfg(model=str(folder))).build_model()
+    assert "task.pooling=mean" in caplog.text

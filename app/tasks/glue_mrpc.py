@@ -18,6 +18,7 @@ import csv
 import functools
 import hashlib
 import json
+import logging
 import shutil
 import socket
 import threading
@@ -50,6 +51,7 @@ CACHE_VERSION = 1
 """Part of the cache key: bump it when ``_encode`` changes what it produces."""
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _TSV_NAMES = {"train": ("train.tsv",), "validation": ("validation.tsv", "dev.tsv"), "test": ("test.tsv",)}
 _FILE_STEMS = {"train": ("train",), "validation": ("validation", "dev"), "test": ("test",)}
@@ -462,6 +464,9 @@ def load_model(name: str, num_labels: int, pooling: Pooling = Pooling.cls) -> nn
         with hub_access(name):
             if _model_type(name) == mean_pooling.MeanPoolingConfig.model_type:
                 return mean_pooling.MeanPoolingForSequenceClassification.from_pretrained(name, **labels)
+            if pooling is Pooling.cls and _trained_with_mean_pooling(name):
+                log.info("%s is a sentence-transformers model trained with mean pooling: task.pooling=mean "
+                         "usually fine-tunes it better than its [CLS] head.", name)
             if pooling is Pooling.mean:
                 encoder = AutoModel.from_pretrained(name)
                 return mean_pooling.MeanPoolingForSequenceClassification.from_encoder(encoder, **labels)
@@ -471,6 +476,16 @@ def load_model(name: str, num_labels: int, pooling: Pooling = Pooling.cls) -> nn
             f"Could not load the model {name!r}, which is neither a local folder with config.json and "
             "weights nor reachable on the hub; set task.model to a local model folder."
         ) from e
+
+
+def _trained_with_mean_pooling(name: str) -> bool:
+    """Does a local sentence-transformers folder say its embeddings are mean-pooled?"""
+    for config in Path(name).expanduser().glob("*_Pooling/config.json"):
+        try:
+            return bool(json.loads(config.read_text(encoding="utf-8")).get("pooling_mode_mean_tokens"))
+        except (OSError, ValueError, AttributeError):
+            return False
+    return False
 
 
 def _model_type(name: str) -> str | None:
