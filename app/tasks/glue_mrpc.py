@@ -138,13 +138,13 @@ class GlueMrpcTask:
         from app.tasks import mean_pooling
 
         self.tokenizer.save_pretrained(folder)
-        config = model.config  # type: ignore[union-attr]
+        config: Any = model.config
         config.architectures = [type(model).__name__]
         if isinstance(model, mean_pooling.MeanPoolingForSequenceClassification):
             # The model's code travels with it: the Auto classes load it with trust_remote_code=True.
             config.auto_map = mean_pooling.auto_map()
             shutil.copyfile(mean_pooling.__file__, folder / mean_pooling.MODULE_FILE)
-        config.save_pretrained(folder)  # type: ignore[operator]
+        config.save_pretrained(folder)
 
     # -- test split (cfg.predict_test) -----------------------------------------------------------------
 
@@ -455,7 +455,7 @@ def load_model(name: str, num_labels: int, pooling: Pooling = Pooling.cls) -> nn
 
     from app.tasks import mean_pooling
 
-    labels = {
+    labels: dict[str, Any] = {
         "num_labels": num_labels,
         "id2label": dict(enumerate(LABEL_NAMES)),
         "label2id": {label: i for i, label in enumerate(LABEL_NAMES)},

@@ -54,7 +54,8 @@ class MeanPoolingForSequenceClassification(PreTrainedModel):
         # FSDP2 shards the encoder's repeated blocks, as it would for the encoder's own heads.
         self._no_split_modules = list(getattr(self.encoder, "_no_split_modules", None) or [])
         self.dropout = nn.Dropout(config.classifier_dropout)
-        self.classifier = nn.Linear(self.encoder.config.hidden_size, config.num_labels)
+        # transformers types num_labels as Optional; its default is 2.
+        self.classifier = nn.Linear(self.encoder.config.hidden_size, config.num_labels or 2)
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -90,7 +91,7 @@ class MeanPoolingForSequenceClassification(PreTrainedModel):
 def _drop_pooler(encoder: nn.Module) -> None:
     """The ``[CLS]`` pooler is unused here; left in, DDP would wait for its gradients forever."""
     if getattr(encoder, "pooler", None) is not None:
-        encoder.pooler = None
+        encoder.pooler = None  # type: ignore[assignment]
 
 
 def auto_map() -> dict[str, str]:
