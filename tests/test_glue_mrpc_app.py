@@ -22,12 +22,14 @@ def real_sentences(limit: int = 600) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("head", [
-    [],
-    # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP) and length-grouped batches.
-    ["task.pooling=mean", "trainer.group_by_length=true"],
-], ids=["cls", "mean-grouped"])
-def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, head):
+@pytest.mark.parametrize("options", [
+    ["hardware=multi_cpu"],
+    # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP) and length-grouped batches;
+    # and the mean-pooling model sharded by FSDP2 (its encoder's blocks, then the rest).
+    ["hardware=multi_cpu", "task.pooling=mean", "trainer.group_by_length=true"],
+    ["hardware=fsdp", "task.pooling=mean"],
+], ids=["ddp-cls", "ddp-mean-grouped", "fsdp-mean"])
+def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, options):
     if REAL_MRPC.is_dir():
         data_dir, expected = REAL_MRPC, 408
         sentences = real_sentences()
@@ -37,10 +39,10 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     model = make_tiny_bert(tmp_path / "tiny_bert", sentences)
     run_dir = tmp_path / "run"
     run_app(f"hydra.run.dir={run_dir}", "task=glue_mrpc", f"task.data_dir={data_dir}", f"task.model={model}",
-            f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=64", "hardware=multi_cpu",
+            f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=64", *options,
             "hardware.num_processes=2", "precision=bf16", "trainer.max_steps=6", "trainer.eval_every_n_steps=3",
             "trainer.batch_size=8", "trainer.eval_batch_size=32", "logging.trackers=[]",
-            "logging.progress_bar=false", *head, cwd=tmp_path, check=True, timeout=380)
+            "logging.progress_bar=false", cwd=tmp_path, check=True, timeout=380)
 
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if "eval/f1" in e]
@@ -52,7 +54,8 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     exported = Path(run_dir / "model")
-    loaded = AutoModelForSequenceClassification.from_pretrained(exported, trust_remote_code=bool(head))
+    mean_pooling = "task.pooling=mean" in options  # its head ships as code next to the weights
+    loaded = AutoModelForSequenceClassification.from_pretrained(exported, trust_remote_code=mean_pooling)
     tokenizer = AutoTokenizer.from_pretrained(exported)
     assert loaded.config.num_labels == 2
     batch = tokenizer(["A sentence."], ["Another sentence."], return_tensors="pt")
