@@ -47,9 +47,10 @@ class MeanPoolingForSequenceClassification(PreTrainedModel):
     config_class = MeanPoolingConfig
     base_model_prefix = "encoder"
 
-    def __init__(self, config: MeanPoolingConfig):
+    def __init__(self, config: MeanPoolingConfig, encoder: PreTrainedModel | None = None):
         super().__init__(config)
-        self.encoder = AutoModel.from_config(config.encoder_config())
+        # from_pretrained passes no encoder: one is built from the config, then the weights load.
+        self.encoder = encoder if encoder is not None else AutoModel.from_config(config.encoder_config())
         _drop_pooler(self.encoder)
         # FSDP2 shards the encoder's repeated blocks, as it would for the encoder's own heads.
         self._no_split_modules = list(getattr(self.encoder, "_no_split_modules", None) or [])
@@ -68,10 +69,7 @@ class MeanPoolingForSequenceClassification(PreTrainedModel):
     def from_encoder(cls, encoder: PreTrainedModel, **config_kwargs: Any) -> MeanPoolingForSequenceClassification:
         """A new classifier on a pretrained encoder (e.g. ``AutoModel.from_pretrained(name)``)."""
         config = MeanPoolingConfig(encoder=encoder.config.to_dict(), **config_kwargs)
-        model = cls(config)
-        _drop_pooler(encoder)
-        model.encoder = encoder
-        return model
+        return cls(config, encoder=encoder)
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None, **encoder_inputs: Any) -> SequenceClassifierOutput:
