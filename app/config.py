@@ -77,6 +77,10 @@ class OptimConfig:
     _target_: str = "torch.optim.AdamW"
     lr: float = 1e-3
     weight_decay: float = 0.01
+    """Decoupled from biases and norm weights, which are never decayed."""
+    layer_decay: float | None = None
+    """Layer-wise LR decay in (0, 1]: block k from the top trains at lr * layer_decay**k, the
+    embeddings lowest (app/engine/parameter_groups.py); null: one rate for all."""
 
 
 @dataclass
@@ -244,6 +248,9 @@ def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] |
         raise ConfigError(f"optim.lr must be a positive number, got {lr}.")
     if getattr(cfg.optim, "weight_decay", 0.0) < 0:
         raise ConfigError(f"optim.weight_decay must be 0 or more, got {cfg.optim.weight_decay}.")
+    layer_decay = getattr(cfg.optim, "layer_decay", None)
+    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+        raise ConfigError(f"optim.layer_decay must be in (0, 1] (or null), got {layer_decay}.")
     if not 0.0 <= cfg.scheduler.warmup_ratio < 1.0 or cfg.scheduler.warmup_steps < 0:
         raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
     if cfg.early_stopping.min_delta < 0:

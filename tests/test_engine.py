@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.engine.build import build_accelerator, build_components, build_early_stopping, parameter_groups
+from app.config import ConfigError
+from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.loop import LoopState, fit
+from app.engine.parameter_groups import parameter_groups
+from app.engine.schedulers import linear_with_warmup
 from app.tasks.digits import DigitsTask
 from tests.conftest import REPO, compose_config
 
@@ -102,7 +105,7 @@ def test_engine_never_names_a_device_or_collective_backend():
 
 
 def test_lr_schedule_shapes():
-    from app.engine.schedulers import cosine_with_warmup, linear_with_warmup
+    from app.engine.schedulers import cosine_with_warmup
 
     def lrs(factory, **kw):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
@@ -135,3 +138,46 @@ def test_weight_decay_spares_biases_and_norm_weights():
     for name in ("0.bias", "1.weight", "1.bias"):
         assert torch.equal(after[name], before[name]), name
     assert len(parameter_groups(model, weight_decay=0.0)) == 1
+
+
+def test_layer_decay_gives_lower_blocks_smaller_learning_rates():
+    """A 3-block BERT classifier with layer_decay 0.5: head at lr, block k at lr/2**(3-k), embeddings
+    at lr/16; the warm-up schedule scales every group alike; no-decay parameters keep their rate."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=32)
+    model = BertForSequenceClassification(config)
+    groups = parameter_groups(model, weight_decay=0.1, lr=1.0, layer_decay=0.5)
+    rate = {id(p): g["lr"] for g in groups for p in g["params"]}
+    decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
+    named = dict(model.named_parameters())
+    assert len(rate) == len(named)  # every trainable parameter, once
+    expected = {
+        "bert.embeddings.word_embeddings.weight": 1 / 16,
+        "bert.embeddings.LayerNorm.bias": 1 / 16,
+        "bert.encoder.layer.0.attention.self.query.weight": 1 / 8,
+        "bert.encoder.layer.1.output.dense.bias": 1 / 4,
+        "bert.encoder.layer.2.intermediate.dense.weight": 1 / 2,
+        "bert.pooler.dense.weight": 1.0,
+        "classifier.weight": 1.0,
+    }
+    for name, lr in expected.items():
+        assert rate[id(named[name])] == pytest.approx(lr), name
+    assert decay[id(named["bert.encoder.layer.0.attention.self.query.weight"])] == 0.1
+    assert decay[id(named["bert.encoder.layer.0.attention.self.query.bias"])] == 0.0
+
+    optimizer = torch.optim.AdamW(groups, lr=123.0)  # each group's own lr wins over the default
+    scheduler = linear_with_warmup(optimizer, total_steps=10, warmup_steps=4)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([g["initial_lr"] / 4 for g in optimizer.param_groups])
+    assert sorted({g["initial_lr"] for g in optimizer.param_groups}) == pytest.approx([1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0])
+    optimizer.step()  # no gradients: moves nothing, but keeps the step order PyTorch expects
+    scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1 / 16 * 2 / 4)
+
+
+def test_layer_decay_needs_numbered_blocks():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    with pytest.raises(ConfigError, match="numbered blocks"):
+        parameter_groups(model, weight_decay=0.0, lr=1.0, layer_decay=0.8)
+    assert len(parameter_groups(model, weight_decay=0.0, lr=1.0)) == 1  # without it, one group

@@ -7,6 +7,7 @@ import enum
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader
@@ -15,6 +16,7 @@ from app.config import ConfigError, RunConfig
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.factory import build_backend
 from app.engine.loop import Components, total_optimizer_steps
+from app.engine.parameter_groups import parameter_groups
 from app.engine.triggers import EarlyStopping
 from app.tasks import build_task
 from app.tasks.base import Task, TaskData
@@ -42,15 +44,21 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
     model = accelerator.prepare(model)
-    # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs.
-    make_optimizer = instantiate(cfg.optim, _partial_=True)
-    optimizer = make_optimizer(params=parameter_groups(model, getattr(cfg.optim, "weight_decay", 0.0)))
+    optimizer = build_optimizer(cfg, model)
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
                             total_steps=total_optimizer_steps(cfg, len(train_loader)))
     scheduler = accelerator.prepare(scheduler)
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader)
+
+
+def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+    options = plain(cfg.optim)
+    layer_decay = options.pop("layer_decay", None)  # ours, not the optimizer's
+    groups = parameter_groups(model, options.get("weight_decay", 0.0), lr=options["lr"], layer_decay=layer_decay)
+    # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs.
+    return instantiate(options, _partial_=True)(params=groups)
 
 
 def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]:
@@ -63,20 +71,6 @@ def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]
             "them (its samples all cost the same); leave trainer.group_by_length=false."
         )
     return {"sampler": LengthGroupedSampler(data.train_lengths, cfg.trainer.batch_size, seed=cfg.seed)}
-
-
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Trainable parameters, with biases and normalisation weights (the 0-d and 1-d ones) exempt
-    from weight decay, as BERT, GPT-2 and the HF Trainer train them: decaying a LayerNorm's scale
-    pulls it towards zero, which is not a regulariser but a change of the model."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not weight_decay:
-        return [{"params": params}]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return [g for g in groups if g["params"]]
 
 
 def build_early_stopping(cfg: RunConfig) -> EarlyStopping:
