@@ -285,6 +285,28 @@ def test_training_step_and_metrics(make_cfg):
     assert 0 <= metrics["accuracy"] <= 1 and 0 <= metrics["f1"] <= 1 and metrics["loss"] > 0
 
 
+def test_label_smoothing_changes_the_training_loss_only(make_cfg):
+    plain_task = GlueMrpcTask(make_cfg(max_length=32))
+    smooth_task = GlueMrpcTask(make_cfg(max_length=32, label_smoothing=0.2))
+    data = plain_task.build_data(FakeRuntime())
+    batch = next(iter(torch.utils.data.DataLoader(data.train, batch_size=8, collate_fn=data.collate_fn)))
+    model = plain_task.build_model()
+    model.eval()  # the same forward for every call: no dropout
+    with torch.no_grad():
+        plain = plain_task.step(model, batch)
+        assert smooth_task.step(model, batch).loss.item() == pytest.approx(plain.loss.item())  # eval: plain
+        model.training = True  # the task sees training mode; the dropout layers stay off
+        smooth = smooth_task.step(model, batch)
+    labels = batch["labels"]
+    log_p = torch.log_softmax(plain.logits.float(), dim=-1)
+    # Target 0.9 on the gold class, 0.1 on the other: -(0.8 log p_gold + 0.1 (log p_0 + log p_1)).
+    expected = -(0.8 * log_p.gather(1, labels[:, None]).squeeze(1) + 0.1 * log_p.sum(dim=1)).mean()
+    assert smooth.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert smooth.loss.item() != pytest.approx(plain.loss.item())
+    with pytest.raises(ConfigError, match="task.label_smoothing must be in"):
+        GlueMrpcTask(make_cfg(label_smoothing=1.0))
+
+
 def test_binary_f1_is_positive_class():
     task = GlueMrpcTask(GlueMrpcConfig())
     logits = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])

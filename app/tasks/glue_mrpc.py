@@ -79,6 +79,8 @@ class GlueMrpcTask:
     def __init__(self, cfg: GlueMrpcConfig):
         if cfg.max_length < 8:
             raise ConfigError(f"task.max_length must be at least 8, got {cfg.max_length}.")
+        if not 0.0 <= cfg.label_smoothing < 1.0:
+            raise ConfigError(f"task.label_smoothing must be in [0, 1), got {cfg.label_smoothing}.")
         self.cfg = cfg
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._runtime: Any = None
@@ -121,8 +123,14 @@ class GlueMrpcTask:
         return load_model(self.cfg.model, self.num_labels, self.cfg.pooling)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
-        out = model(**batch)
-        return StepOutput(loss=out.loss, logits=out.logits, labels=batch["labels"])
+        # Smoothing regularises training; evaluation keeps the plain loss so eval/loss compares across runs.
+        smoothing = self.cfg.label_smoothing if model.training else 0.0
+        if not smoothing:
+            out = model(**batch)
+            return StepOutput(loss=out.loss, logits=out.logits, labels=batch["labels"])
+        logits = self.predict(model, batch)
+        loss = nn.functional.cross_entropy(logits.float(), batch["labels"], label_smoothing=smoothing)
+        return StepOutput(loss=loss, logits=logits, labels=batch["labels"])
 
     def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """Logits only: unlike ``step`` it does not need gold labels."""

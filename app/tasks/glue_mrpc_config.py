@@ -23,6 +23,8 @@ class GlueMrpcConfig(TaskConfig):
     """Hub name or local folder, loaded with AutoModelForSequenceClassification.from_pretrained."""
     pooling: Pooling = Pooling.cls
     """cls exports a plain transformers model; mean exports one that loads with trust_remote_code=True."""
+    label_smoothing: float = 0.0
+    """Training loss only: cross-entropy against (1 - eps) one-hot + eps uniform; eval/loss stays plain."""
     tokenizer: str | None = None
     """Defaults to ``model``."""
     data_dir: str | None = None
