@@ -169,7 +169,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 elapsed = time.perf_counter() - window_start
                 train_metrics = {
                     "train/loss": loss,
-                    "train/lr": scheduler.get_last_lr()[0],
+                    # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
+                    "train/lr": max(scheduler.get_last_lr()),
                     "train/samples_per_s": window_samples / max(elapsed, 1e-9),
                     "epoch": state.epoch,
                 }
