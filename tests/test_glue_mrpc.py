@@ -225,6 +225,25 @@ def test_dynamic_padding_pads_to_longest_in_batch(make_cfg):
     assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [r["labels"] for r in rows]
 
 
+def test_swap_pairs_adds_every_training_pair_in_the_other_order(make_cfg):
+    plain = GlueMrpcTask(make_cfg(max_length=128)).build_data(FakeRuntime())
+    task = GlueMrpcTask(make_cfg(max_length=128, swap_pairs=True))
+    data = task.build_data(FakeRuntime())
+    n = len(plain.train)
+    assert len(data.train) == 2 * n and len(data.train_lengths) == 2 * n
+    assert len(data.eval) == len(plain.eval)  # evaluation is not augmented
+    cls, sep = task.tokenizer.cls_token_id, task.tokenizer.sep_token_id
+    for i in (0, 5, n - 1):
+        original, swapped = data.train[i], data.train[n + i]
+        assert original["input_ids"] == plain.train[i]["input_ids"]
+        assert swapped["labels"] == original["labels"]
+        ids = original["input_ids"]  # [CLS] first [SEP] second [SEP] (no truncation at 128)
+        middle = ids.index(sep)
+        first, second = ids[1:middle], ids[middle + 1:-1]
+        assert swapped["input_ids"] == [cls, *second, sep, *first, sep]
+        assert swapped["token_type_ids"] == [0] * (len(second) + 2) + [1] * (len(first) + 1)
+
+
 def test_pad_to_max_length_gives_fixed_shapes(make_cfg):
     data = GlueMrpcTask(make_cfg(max_length=48, pad_to_max_length=True)).build_data(FakeRuntime())
     assert set(lengths(data.train)) == {48}

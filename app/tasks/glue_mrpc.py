@@ -110,13 +110,17 @@ class GlueMrpcTask:
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, datasets.Dataset, Split | None]:
         raw = load_splits(self.cfg)
         train = self._tokenize(raw["train"], "train")
+        if self.cfg.swap_pairs:
+            import datasets
+
+            train = datasets.concatenate_datasets([train, self._tokenize(raw["train"], "train", swap=True)])
         validation = self._tokenize(raw["validation"], "validation")
         return train, validation, raw.get("test")
 
-    def _tokenize(self, split: Split, name: str) -> datasets.Dataset:
+    def _tokenize(self, split: Split, name: str, swap: bool = False) -> datasets.Dataset:
         cfg = self.cfg
         return tokenize_split(
-            split, name, self.tokenizer, cfg.max_length, cfg.pad_to_max_length, cache_root(cfg)
+            split, name, self.tokenizer, cfg.max_length, cfg.pad_to_max_length, cache_root(cfg), swap=swap
         )
 
     def build_model(self) -> nn.Module:
@@ -388,15 +392,18 @@ def tokenize_split(
     max_length: int,
     pad_to_max_length: bool,
     cache_dir: Path,
+    swap: bool = False,
 ) -> datasets.Dataset:
     """Sentence pairs -> input_ids, attention_mask, (token_type_ids), labels; cached on disk.
+    ``swap`` encodes each pair in the other order (sentence2 first).
 
     The cache file's name is the key, and the key is passed as the new fingerprint: datasets'
     own fingerprint would hash the tokenizer object with dill, which is slow and not stable.
     """
-    key = cache_key(tokenizer, max_length, pad_to_max_length, split.fingerprint)
+    key = cache_key(tokenizer, max_length, pad_to_max_length, split.fingerprint + ("-swapped" if swap else ""))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    encode = functools.partial(_encode, tokenizer=tokenizer, max_length=max_length, pad=pad_to_max_length)
+    encode = functools.partial(_encode, tokenizer=tokenizer, max_length=max_length, pad=pad_to_max_length,
+                               swap=swap)
     return split.data.map(
         encode,
         batched=True,
@@ -408,10 +415,12 @@ def tokenize_split(
     )
 
 
-def _encode(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int, pad: bool) -> dict:
+def _encode(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, max_length: int, pad: bool,
+            swap: bool = False) -> dict:
+    first, second = ("sentence2", "sentence1") if swap else ("sentence1", "sentence2")
     encoded = tokenizer(
-        batch["sentence1"],
-        batch["sentence2"],
+        batch[first],
+        batch[second],
         truncation=True,  # longest_first: trims the longer sentence of the pair first
         max_length=max_length,
         padding="max_length" if pad else False,

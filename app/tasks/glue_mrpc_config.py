@@ -25,6 +25,9 @@ class GlueMrpcConfig(TaskConfig):
     """cls exports a plain transformers model; mean exports one that loads with trust_remote_code=True."""
     label_smoothing: float = 0.0
     """Training loss only: cross-entropy against (1 - eps) one-hot + eps uniform; eval/loss stays plain."""
+    swap_pairs: bool = False
+    """Also train on every pair in the other order (a paraphrase is one both ways): the train split
+    doubles, and so does the cost of an epoch; evaluation is unchanged."""
     tokenizer: str | None = None
     """Defaults to ``model``."""
     data_dir: str | None = None
