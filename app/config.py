@@ -131,6 +131,9 @@ class TrainerConfig:
     """DataLoader worker processes per training process."""
     group_by_length: bool = False
     """Batch training samples of similar length together (less padding; the task must give lengths)."""
+    ema_decay: float | None = None
+    """Evaluate and export an exponential moving average of the weights, updated after every optimizer
+    step with this decay (e.g. 0.99: about the last 100 steps); null: the weights as trained."""
 
 
 @dataclass
@@ -251,6 +254,11 @@ def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] |
     layer_decay = getattr(cfg.optim, "layer_decay", None)
     if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
         raise ConfigError(f"optim.layer_decay must be in (0, 1] (or null), got {layer_decay}.")
+    if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
+        raise ConfigError(f"trainer.ema_decay must be in (0, 1) (or null), got {t.ema_decay}.")
+    if t.ema_decay is not None and hw.kind is HardwareKind.fsdp:
+        raise ConfigError("trainer.ema_decay does not work with hardware=fsdp yet (the average would be "
+                          "sharded like the weights); use hardware=multi_cpu or multi_gpu, or ema_decay=null.")
     if not 0.0 <= cfg.scheduler.warmup_ratio < 1.0 or cfg.scheduler.warmup_steps < 0:
         raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
     if cfg.early_stopping.min_delta < 0:

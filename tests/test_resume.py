@@ -26,9 +26,11 @@ from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
 
 # 2 epochs of 45 steps; step checkpoints every 7 steps fall mid-epoch, log lines every 5 steps span
-# checkpoints (so the partial loss window must be restored), dropout and shuffling are on.
+# checkpoints (so the partial loss window must be restored), dropout and shuffling are on, and the
+# evaluated and exported weights are a moving average that the checkpoints must carry too.
 ARGS = ("trainer.max_epochs=2", "checkpoint.every_n_steps=7", "checkpoint.total_limit=2",
-        "trainer.log_every_n_steps=5", "logging.progress_bar=false", "early_stopping.patience=null")
+        "trainer.log_every_n_steps=5", "logging.progress_bar=false", "early_stopping.patience=null",
+        "trainer.ema_decay=0.9")
 
 
 def events(run_dir: Path) -> list[dict]:

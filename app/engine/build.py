@@ -18,6 +18,7 @@ from app.distributed.factory import build_backend
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.parameter_groups import parameter_groups
 from app.engine.triggers import EarlyStopping
+from app.engine.weight_average import WeightAverage
 from app.tasks import build_task
 from app.tasks.base import Task, TaskData
 
@@ -50,7 +51,8 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
                             total_steps=total_optimizer_steps(cfg, len(train_loader)))
     scheduler = accelerator.prepare(scheduler)
-    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader)
+    average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
+    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average)
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:

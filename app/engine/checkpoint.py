@@ -94,6 +94,8 @@ class CheckpointPolicy:
         self.config_hash = config_hash(cfg)
         self.trainer_state = TrainerState(state, stopper, self.acc.process_index, self.acc.num_processes)
         self.acc.register_for_checkpointing(self.trainer_state)
+        if components.weight_average is not None:
+            self.acc.register_for_checkpointing(components.weight_average)
 
     # -- CheckpointHook ------------------------------------------------------------------------------
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
@@ -176,14 +178,16 @@ def preserved_rng() -> Iterator[None]:
 
 def export_model(c: Components, folder: Path) -> None:
     """Write the final model to ``folder`` atomically: weights (``model.safetensors`` or shards, with
-    the unwrapped model's key names) and the task's artifacts, in a temporary folder renamed into
-    place. Every process calls it (FSDP2 gathers the weights)."""
+    the unwrapped model's key names; the weight average with trainer.ema_decay) and the task's
+    artifacts, in a temporary folder renamed into place. Every process calls it (FSDP2 gathers the
+    weights)."""
     acc = c.accelerator
     temporary = folder.with_name(f".{folder.name}.tmp-{secrets.token_hex(4)}")
     if acc.is_main_process:
         for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
-    acc.save_model(c.model, temporary)
+    with c.evaluation_weights():
+        acc.save_model(c.model, temporary)
     if acc.is_main_process:
         c.task.save_artifacts(acc.unwrap_model(c.model), temporary)
         fsync_paths(p for p in temporary.rglob("*") if p.is_file())

@@ -7,6 +7,7 @@ device type or a collective backend.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ from app.distributed import Accelerator
 from app.engine.faults import fault_point
 from app.engine.progress import Progress
 from app.engine.triggers import EarlyStopping
+from app.engine.weight_average import WeightAverage
 from app.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,12 @@ class Components:
     scheduler: Any
     train_loader: Any
     eval_loader: Any
+    weight_average: WeightAverage | None = None
+    """trainer.ema_decay: evaluation and export use these averaged weights."""
+
+    def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
+        """The weights to evaluate and export: the average when there is one, else the model's own."""
+        return self.weight_average.applied() if self.weight_average is not None else contextlib.nullcontext()
 
 
 def steps_per_epoch(num_batches: int, accumulation: int) -> int:
@@ -100,11 +108,12 @@ def evaluate(c: Components) -> dict[str, float]:
     acc = c.accelerator
     c.model.eval()
     logits, labels = [], []
-    for batch in c.eval_loader:
-        out = c.task.step(c.model, batch)
-        batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
-        logits.append(batch_logits.cpu())
-        labels.append(batch_labels.cpu())
+    with c.evaluation_weights():
+        for batch in c.eval_loader:
+            out = c.task.step(c.model, batch)
+            batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
+            logits.append(batch_logits.cpu())
+            labels.append(batch_labels.cpu())
     c.model.train()
     all_logits, all_labels = torch.cat(logits), torch.cat(labels)
     expected = c.eval_loader.total_dataset_length
@@ -158,6 +167,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 continue
 
             state.global_step += 1
+            if c.weight_average is not None:
+                c.weight_average.update()
             inject_fault(state.global_step)
             progress.update()
             decision_point = False
