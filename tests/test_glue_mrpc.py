@@ -420,6 +420,39 @@ def test_unlabeled_test_split_predicts(make_cfg, tiny_data, tmp_path):
     assert (tmp_path / "p.tsv").read_text().splitlines()[1].startswith("7\t")
 
 
+def test_a_run_writes_test_predictions_of_its_evaluated_weights(tiny_data, tiny_model, tmp_path):
+    """task.predict_test=true: the engine writes one prediction per test row, in file order, made by
+    the weights it evaluates and exports (here the trainer.ema_decay average)."""
+    from app.engine.build import build_accelerator, build_components, build_early_stopping
+    from app.engine.loop import LoopState, fit
+    from app.engine.predict import write_test_predictions
+    from tests.conftest import compose_config
+
+    cfg = compose_config("task=glue_mrpc", f"task.data_dir={tiny_data}", f"task.model={tiny_model}",
+                         f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "task.predict_test=true",
+                         "trainer.max_steps=4", "trainer.batch_size=8", "trainer.eval_batch_size=3",
+                         "trainer.ema_decay=0.5", "optim.lr=0.01", "logging.trackers=[]",
+                         "logging.progress_bar=false")
+    acc = build_accelerator(cfg, tmp_path)
+    acc.init_trackers("test")
+    c = build_components(cfg, acc)
+    fit(c, cfg, LoopState(), build_early_stopping(cfg))
+    path = tmp_path / "test_predictions.tsv"
+    write_test_predictions(c, path)
+    acc.end_training()
+
+    rows = [line.split("\t") for line in path.read_text().splitlines()]
+    test = c.task.test_dataset()
+    assert rows[0] == ["index", "prediction"] and len(rows) == 1 + len(test) == 9
+    assert [int(i) for i, _ in rows[1:]] == list(range(8))  # the test file's index column, in order
+    collate = c.eval_loader.base_dataloader.collate_fn
+    model = c.model.eval()
+    with torch.no_grad(), c.weight_average.applied():  # the run's batches of 3, padded alike
+        batches = [collate([test[i] for i in range(k, min(k + 3, len(test)))]) for k in range(0, len(test), 3)]
+        expected = torch.cat([c.task.predict(model, b).argmax(-1) for b in batches])
+    assert [int(p) for _, p in rows[1:]] == expected.tolist()
+
+
 def test_predict_test_without_test_split(make_cfg, tmp_path):
     make_tiny_glue_tsv(tmp_path / "d", n_train=4, n_val=4)
     with pytest.raises(ConfigError, match="test split"):

@@ -24,9 +24,10 @@ def real_sentences(limit: int = 600) -> list[str]:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("options", [
     ["hardware=multi_cpu"],
-    # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP) and length-grouped batches;
-    # and the mean-pooling model sharded by FSDP2 (its encoder's blocks, then the rest).
-    ["hardware=multi_cpu", "task.pooling=mean", "trainer.group_by_length=true"],
+    # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP), length-grouped batches, a
+    # weight average, test predictions; and the mean-pooling model sharded by FSDP2.
+    ["hardware=multi_cpu", "task.pooling=mean", "trainer.group_by_length=true", "trainer.ema_decay=0.9",
+     "task.predict_test=true"],
     ["hardware=fsdp", "task.pooling=mean"],
 ], ids=["ddp-cls", "ddp-mean-grouped", "fsdp-mean"])
 def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, options):
@@ -50,6 +51,13 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     # De-duplicated across the 2 ranks: exactly the validation split, no padding duplicates.
     assert all(e["eval/num_samples"] == expected for e in evals)
     assert all(0.0 <= e["eval/accuracy"] <= 1.0 and "eval/loss" in e for e in evals)
+
+    if "task.predict_test=true" in options:  # one row per test pair, in the file's order
+        rows = (run_dir / "test_predictions.tsv").read_text().splitlines()
+        test_rows = (data_dir / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]
+        assert rows[0] == "index\tprediction" and len(rows) == 1 + len(test_rows)
+        assert [r.split("\t")[0] for r in rows[1:]] == [str(i) for i in range(len(test_rows))]
+        assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

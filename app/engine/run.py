@@ -10,6 +10,7 @@ from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
 from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
 from app.engine.loop import LoopState, fit
+from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ def run(cfg: RunConfig, run_dir: Path) -> float | None:
                  accelerator.num_processes, accelerator.device, accelerator.mixed_precision, run_dir)
         fit(components, cfg, state, stopper, checkpoints)
         log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, stopper.best)
+        if getattr(cfg.task, "predict_test", False):
+            write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
             export_model(components, run_dir / "model")
         return stopper.best
