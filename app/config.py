@@ -88,6 +88,8 @@ class AdamWConfig(OptimConfig):
     _target_: str = "torch.optim.AdamW"
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
+    fused: bool | None = None
+    """torch's fused AdamW kernel; null: fused wherever the hardware backend has it (CPU, CUDA)."""
 
 
 @dataclass

@@ -176,6 +176,16 @@ def test_layer_decay_gives_lower_blocks_smaller_learning_rates():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(1 / 16 * 2 / 4)
 
 
+def test_adamw_uses_the_fused_kernel_where_the_backend_has_it(tmp_path):
+    def optimizer(*overrides):
+        cfg = compose_config(*FAST, *overrides)
+        return build_components(cfg, build_accelerator(cfg, tmp_path)).optimizer.optimizer
+
+    assert optimizer().defaults["fused"] is True  # CPU: fused by default
+    assert not optimizer("optim.fused=false").defaults["fused"]
+    assert not optimizer("optim=sgd").defaults.get("fused")  # only optim=adamw has the option
+
+
 def test_layer_decay_needs_numbered_blocks():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     with pytest.raises(ConfigError, match="numbered blocks"):

@@ -45,7 +45,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
     model = accelerator.prepare(model)
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, model, fused_available=accelerator.backend.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
@@ -55,9 +55,11 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average)
 
 
-def build_optimizer(cfg: RunConfig, model: nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:
     options = plain(cfg.optim)
     layer_decay = options.pop("layer_decay", None)  # ours, not the optimizer's
+    if "fused" in options and options["fused"] is None:
+        options["fused"] = fused_available or None  # None: torch's own default (foreach or a loop)
     groups = parameter_groups(model, options.get("weight_decay", 0.0), lr=options["lr"], layer_decay=layer_decay)
     # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs.
     return instantiate(options, _partial_=True)(params=groups)
