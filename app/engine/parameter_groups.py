@@ -30,22 +30,25 @@ def parameter_groups(model: nn.Module, weight_decay: float, lr: float | None = N
     """Trainable parameters in optimizer groups; with ``layer_decay`` each group also carries its
     own ``lr`` (the scheduler scales every group's rate by the same factor)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    depth = layer_depths([name for name, _ in named]) if layer_decay is not None else None
-    if depth is not None and lr is None:
-        raise ValueError("layer_decay needs the base learning rate")
+    depth: dict[str, int] = {}
+    rate: dict[int, float] = {}  # learning rate per depth, with layer decay
+    if layer_decay is not None:
+        if lr is None:
+            raise ValueError("layer_decay needs the base learning rate")
+        depth = layer_depths([name for name, _ in named])
+        top = max(depth.values())
+        rate = {level: lr * layer_decay ** (top - level) for level in set(depth.values())}
     groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, param in named:
         decays = bool(weight_decay) and param.ndim >= 2
-        level = depth[name] if depth is not None else 0
+        level = depth.get(name, 0)
         group = groups.get((level, decays))
         if group is None:
             group = groups[(level, decays)] = {"params": []}
             if weight_decay:
                 group["weight_decay"] = weight_decay if decays else 0.0
-            if depth is not None:
-                assert lr is not None and layer_decay is not None
-                top = max(depth.values())
-                group["lr"] = lr * layer_decay ** (top - level)
+            if rate:
+                group["lr"] = rate[level]
         group["params"].append(param)
     # Deterministic order (depth, then decayed first), so an optimizer state loads into the same groups.
     return [groups[key] for key in sorted(groups, key=lambda k: (k[0], not k[1]))]
