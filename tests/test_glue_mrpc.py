@@ -386,6 +386,34 @@ def test_mean_pooling_ignores_padding_and_trains_every_parameter(make_cfg):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_symmetric_eval_averages_both_orders_of_each_pair(make_cfg):
+    task = GlueMrpcTask(make_cfg(max_length=32, symmetric_eval=True))
+    data = task.build_data(FakeRuntime())
+    assert "swapped_input_ids" in data.eval.column_names
+    assert "swapped_input_ids" not in data.train.column_names  # training sees the pairs as given
+    model = task.build_model().eval()
+    rows = [data.eval[i] for i in range(5)]
+    batch = data.collate_fn(rows)
+    raw = load_local_splits(task.cfg.data_dir)["validation"].data
+    first, second = raw["sentence1"][:5], raw["sentence2"][:5]
+    ab = task.tokenizer(first, second, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    ba = task.tokenizer(second, first, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], ab["input_ids"]) and torch.equal(batch["swapped_input_ids"], ba["input_ids"])
+    with torch.no_grad():
+        expected = (model(**ab).logits.log_softmax(-1) + model(**ba).logits.log_softmax(-1)) / 2
+        out = task.step(model, batch)
+        # The same pairs given the other way round score the same: the prediction has no order.
+        exchanged = {**{k: batch["swapped_" + k] for k in ("input_ids", "attention_mask", "token_type_ids")},
+                     **{"swapped_" + k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")},
+                     "labels": batch["labels"]}
+        torch.testing.assert_close(task.predict(model, exchanged), out.logits)
+    torch.testing.assert_close(out.logits, expected)
+    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(expected, batch["labels"]))
+    assert not torch.allclose(model(**ab).logits.log_softmax(-1), expected)  # the orders did disagree
+    # The test split gets both orders too, so its predictions are the evaluated ones.
+    assert "swapped_input_ids" in task.test_dataset().column_names
+
+
 # -- test split ----------------------------------------------------------------------------------------
 
 

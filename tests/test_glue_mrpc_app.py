@@ -25,9 +25,9 @@ def real_sentences(limit: int = 600) -> list[str]:
 @pytest.mark.parametrize("options", [
     ["hardware=multi_cpu"],
     # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP), length-grouped batches, a
-    # weight average, test predictions; and the mean-pooling model sharded by FSDP2.
+    # weight average, both-order evaluation, test predictions; and the mean-pooling model sharded by FSDP2.
     ["hardware=multi_cpu", "task.pooling=mean", "trainer.group_by_length=true", "trainer.ema_decay=0.9",
-     "task.predict_test=true"],
+     "task.symmetric_eval=true", "task.predict_test=true"],
     ["hardware=fsdp", "task.pooling=mean"],
 ], ids=["ddp-cls", "ddp-mean-grouped", "fsdp-mean"])
 def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, options):

@@ -114,7 +114,7 @@ class GlueMrpcTask:
             import datasets
 
             train = datasets.concatenate_datasets([train, self._tokenize(raw["train"], "train", swap=True)])
-        validation = self._tokenize(raw["validation"], "validation")
+        validation = self._tokenize_eval(raw["validation"], "validation")
         return train, validation, raw.get("test")
 
     def _tokenize(self, split: Split, name: str, swap: bool = False) -> datasets.Dataset:
@@ -123,13 +123,20 @@ class GlueMrpcTask:
             split, name, self.tokenizer, cfg.max_length, cfg.pad_to_max_length, cache_root(cfg), swap=swap
         )
 
+    def _tokenize_eval(self, split: Split, name: str) -> datasets.Dataset:
+        """Evaluation rows: the pair, and with ``symmetric_eval`` the swapped pair beside it."""
+        plain = self._tokenize(split, name)
+        if not self.cfg.symmetric_eval:
+            return plain
+        return with_swapped_pairs(plain, self._tokenize(split, name, swap=True))
+
     def build_model(self) -> nn.Module:
         return load_model(self.cfg.model, self.num_labels, self.cfg.pooling)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         # Smoothing regularises training; evaluation keeps the plain loss so eval/loss compares across runs.
         smoothing = self.cfg.label_smoothing if model.training else 0.0
-        if not smoothing:
+        if not smoothing and SWAPPED + "input_ids" not in batch:
             out = model(**batch)
             return StepOutput(loss=out.loss, logits=out.logits, labels=batch["labels"])
         logits = self.predict(model, batch)
@@ -137,8 +144,19 @@ class GlueMrpcTask:
         return StepOutput(loss=loss, logits=logits, labels=batch["labels"])
 
     def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Logits only: unlike ``step`` it does not need gold labels."""
-        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        """Logits only: unlike ``step`` it does not need gold labels.
+
+        A batch that also carries the swapped pairs (``symmetric_eval``: evaluation and test rows,
+        never training rows) is scored in both orders, and the mean of the two log-probabilities is
+        returned as the logits: argmax, softmax and cross-entropy read it as a two-view ensemble.
+        """
+        inputs = {k: v for k, v in batch.items() if k != "labels" and not k.startswith(SWAPPED)}
+        swapped = {k.removeprefix(SWAPPED): v for k, v in batch.items() if k.startswith(SWAPPED)}
+        logits = model(**inputs).logits
+        if not swapped:
+            return logits
+        other = model(**swapped).logits
+        return (logits.float().log_softmax(dim=-1) + other.float().log_softmax(dim=-1)) / 2
 
     def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         return classification_metrics(logits, labels, f1_average="binary")
@@ -166,7 +184,7 @@ class GlueMrpcTask:
             if self._raw_test is None:
                 raise ConfigError("There is no MRPC test split to predict on (build_data has not found one).")
             raw_test = self._raw_test
-            self._test = _run_main_first(self._runtime, lambda: self._tokenize(raw_test, "test"))
+            self._test = _run_main_first(self._runtime, lambda: self._tokenize_eval(raw_test, "test"))
         return self._test
 
     def write_predictions(self, preds: Iterable[int], path: str | Path) -> None:
@@ -430,8 +448,22 @@ def _encode(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, max_leng
     return encoded
 
 
+SWAPPED = "swapped_"
+"""Prefix of the columns holding a row's pair in the other order (``symmetric_eval``)."""
+
+
+def with_swapped_pairs(plain: datasets.Dataset, swapped: datasets.Dataset) -> datasets.Dataset:
+    """``plain``'s rows with the same pairs' swapped encoding as ``swapped_*`` columns beside them."""
+    import datasets
+
+    extra = swapped.remove_columns("labels")
+    extra = extra.rename_columns({name: SWAPPED + name for name in extra.column_names})
+    return datasets.concatenate_datasets([plain, extra], axis=1)
+
+
 class PairCollator:
-    """Pads rows to the longest in the batch (rows padded at tokenization stay max_length long).
+    """Pads rows to the longest in the batch (rows padded at tokenization stay max_length long);
+    swapped pairs, when the rows carry them, are padded on their own.
 
     Returns a plain dict of tensors: BatchEncoding is not a dict subclass, and the engine moves
     batches to devices by walking dicts.
@@ -443,7 +475,13 @@ class PairCollator:
         self._pad = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        return dict(self._pad(rows))
+        if SWAPPED + "input_ids" not in rows[0]:
+            return dict(self._pad(rows))
+        plain = [{k: v for k, v in row.items() if not k.startswith(SWAPPED)} for row in rows]
+        swapped = [{k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)} for row in rows]
+        batch = dict(self._pad(plain))
+        batch.update({SWAPPED + k: v for k, v in self._pad(swapped).items()})
+        return batch
 
 
 # -- hub models and tokenizers --------------------------------------------------------------------------

@@ -28,6 +28,11 @@ class GlueMrpcConfig(TaskConfig):
     swap_pairs: bool = False
     """Also train on every pair in the other order (a paraphrase is one both ways): the train split
     doubles, and so does the cost of an epoch; evaluation is unchanged."""
+    symmetric_eval: bool = False
+    """Evaluate (and predict the test split) on each pair in both orders and average the two
+    log-probabilities: a paraphrase is one both ways, so the prediction should not depend on which
+    sentence comes first. Costs a second forward pass per evaluated pair; training is unchanged, and
+    so is the exported model (it scores one order: average both orders yourself to get these numbers)."""
     tokenizer: str | None = None
     """Defaults to ``model``."""
     data_dir: str | None = None
