@@ -83,6 +83,15 @@ def test_max_steps_ends_the_run_and_evaluates_the_final_weights(tmp_path):
     assert state.last_eval_step == 7
 
 
+def test_max_steps_alone_runs_across_epochs(tmp_path):
+    # trainer.max_epochs=-1: max_steps decides, however many epochs that takes.
+    state, task = run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 10), "trainer.max_epochs=-1",
+                          "trainer.max_steps=100", "trainer.batch_size=32", "logging.trackers=[]")
+    assert state.global_step == 100
+    assert state.epoch >= 2  # digits' train split is ~45 batches of 32
+    assert state.stop_reason == "reached 100 optimizer steps"
+
+
 def test_eval_every_n_steps_and_metrics_jsonl(tmp_path):
     cfg_overrides = ["trainer.max_steps=12", "trainer.eval_every_n_steps=4", "trainer.log_every_n_steps=3"]
     run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.1, 0.2, 0.3]), *cfg_overrides)

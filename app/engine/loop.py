@@ -144,7 +144,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     inject_fault = fault_point(acc.process_index)  # drills only: see app/engine/faults.py
     model.train()
 
-    while state.epoch < t.max_epochs and state.stop_reason is None:
+    # max_epochs <= 0 leaves the end to max_steps (the config refuses runs with neither).
+    while (t.max_epochs <= 0 or state.epoch < t.max_epochs) and state.stop_reason is None:
         c.train_loader.set_epoch(state.epoch)
         loader = c.train_loader
         if state.batches_in_epoch:
