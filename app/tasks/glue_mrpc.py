@@ -150,8 +150,8 @@ class GlueMrpcTask:
         never training rows) is scored in both orders, and the mean of the two log-probabilities is
         returned as the logits: argmax, softmax and cross-entropy read it as a two-view ensemble.
         """
-        inputs = {k: v for k, v in batch.items() if k != "labels" and not k.startswith(SWAPPED)}
-        swapped = {k.removeprefix(SWAPPED): v for k, v in batch.items() if k.startswith(SWAPPED)}
+        inputs, swapped = split_swapped(batch)
+        inputs.pop("labels", None)
         logits = model(**inputs).logits
         if not swapped:
             return logits
@@ -461,6 +461,13 @@ def with_swapped_pairs(plain: datasets.Dataset, swapped: datasets.Dataset) -> da
     return datasets.concatenate_datasets([plain, extra], axis=1)
 
 
+def split_swapped(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A row or batch's own pair, and its swapped pair with the ``swapped_`` prefix removed."""
+    plain = {k: v for k, v in row.items() if not k.startswith(SWAPPED)}
+    swapped = {k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)}
+    return plain, swapped
+
+
 class PairCollator:
     """Pads rows to the longest in the batch (rows padded at tokenization stay max_length long);
     swapped pairs, when the rows carry them, are padded on their own.
@@ -477,10 +484,9 @@ class PairCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if SWAPPED + "input_ids" not in rows[0]:
             return dict(self._pad(rows))
-        plain = [{k: v for k, v in row.items() if not k.startswith(SWAPPED)} for row in rows]
-        swapped = [{k.removeprefix(SWAPPED): v for k, v in row.items() if k.startswith(SWAPPED)} for row in rows]
-        batch = dict(self._pad(plain))
-        batch.update({SWAPPED + k: v for k, v in self._pad(swapped).items()})
+        plain, swapped = zip(*(split_swapped(row) for row in rows))
+        batch = dict(self._pad(list(plain)))
+        batch.update({SWAPPED + k: v for k, v in self._pad(list(swapped)).items()})
         return batch
 
 
