@@ -19,7 +19,8 @@ afterwards unless ``--keep`` or ``--out`` is given (with ``--seeds``, ``--out`` 
 holding one run folder per seed). Extra arguments are passed to ``python -m app``
 as Hydra overrides, e.g. ``optim.lr=8e-5 trainer.max_epochs=3``.
 
-Exit status: 0 when the run finished (1 with ``--require-targets`` and a missed target), 2 when the
+Exit status: 0 when the run finished (1 with ``--require-targets`` and a missed target; with
+``--seeds``, 1 also when any run failed, and the target is judged on the mean), 2 when the
 data folder or the model package is missing, the run's own status when the run failed.
 """
 
@@ -119,8 +120,13 @@ def app_env(threads: int | None = None) -> dict[str, str]:
     return env
 
 
+def output_folder(args: argparse.Namespace) -> Path:
+    """``--out``, or a temporary folder (removed at the end unless ``--keep``)."""
+    return args.out.expanduser().resolve() if args.out else Path(tempfile.mkdtemp(prefix="mrpc_quality_"))
+
+
 def single_run(args: argparse.Namespace, data_dir: Path, model: str, overrides: list[str]) -> int:
-    run_dir = args.out.expanduser().resolve() if args.out else Path(tempfile.mkdtemp(prefix="mrpc_quality_"))
+    run_dir = output_folder(args)
     cmd = app_command(data_dir, model, run_dir, overrides)
     print("running:", " ".join(cmd), flush=True)
     start = time.perf_counter()
@@ -164,7 +170,7 @@ def seed_sweep(args: argparse.Namespace, data_dir: Path, model: str, overrides: 
     """One run per seed, ``--jobs`` at a time; the final evaluations' spread is the result."""
     if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in overrides):
         fail("give the seeds with --seeds only, not also as a seed=... override.")
-    parent = args.out.expanduser().resolve() if args.out else Path(tempfile.mkdtemp(prefix="mrpc_quality_"))
+    parent = output_folder(args)
     parent.mkdir(parents=True, exist_ok=True)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     pending = list(args.seeds)
