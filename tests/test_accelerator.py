@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
-from app.distributed.data import DataLoaderShard
+from app.distributed.data import DataLoaderShard, send_to_device
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 
@@ -221,3 +221,18 @@ def test_shuffle_differs_per_epoch_and_is_reproducible():
 
     a, b = epoch_orders(7), epoch_orders(7)
     assert a == b and a[0] != a[1] and sorted(a[0]) == list(range(12))
+
+
+def test_send_to_device_moves_every_nested_tensor_and_keeps_containers():
+    """The loader moves batches with it on accelerators; here the meta device shows each tensor moved."""
+    from collections import OrderedDict, namedtuple
+
+    Pair = namedtuple("Pair", "x y")
+    batch = OrderedDict(ids=torch.ones(2, 3), pair=Pair(torch.zeros(1), [torch.ones(1), "tag"]), n=3)
+    moved = send_to_device(batch, torch.device("meta"))
+    assert type(moved) is OrderedDict and list(moved) == ["ids", "pair", "n"]
+    assert moved["ids"].device.type == "meta" and moved["ids"].shape == (2, 3)
+    assert isinstance(moved["pair"], Pair)
+    assert moved["pair"].x.device.type == "meta" and moved["pair"].y[0].device.type == "meta"
+    assert moved["pair"].y[1] == "tag" and moved["n"] == 3
+    assert batch["ids"].device.type == "cpu"  # the input is not changed in place

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from app.distributed.length_grouping import LengthGroupedSampler, group_by_length
+from app.distributed.operations import recursively_apply
 
 log = logging.getLogger(__name__)
 
@@ -155,24 +156,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 yield batch
 
 
-def _move(obj: Any, device: torch.device, non_blocking: bool) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device, non_blocking=non_blocking)
-    if isinstance(obj, Mapping):
-        moved = {k: _move(v, device, non_blocking) for k, v in obj.items()}
-        try:
-            return type(obj)(moved)
-        except TypeError:
-            return moved
-    if isinstance(obj, (list, tuple)):
-        items = [_move(o, device, non_blocking) for o in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    return obj
-
-
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor in a (nested) batch to ``device``."""
-    return _move(obj, device, non_blocking)
+    """Move every tensor in a (nested) batch to ``device``; other leaves stay as they are."""
+    return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), obj, error_on_other=False)
 
 
 _END = object()

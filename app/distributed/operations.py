@@ -13,8 +13,8 @@ def recursively_apply(fn: Callable[[torch.Tensor], Any], data: Any, *, error_on_
         return fn(data)
     if isinstance(data, Mapping):
         out = {k: recursively_apply(fn, v, error_on_other=error_on_other) for k, v in data.items()}
-        try:
-            return type(data)(out)
+        try:  # keep the mapping's own type (an OrderedDict, a BatchEncoding) where it can be rebuilt
+            return type(data)(out)  # type: ignore[call-arg]
         except TypeError:
             return out
     if isinstance(data, (list, tuple)):
