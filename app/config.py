@@ -12,6 +12,7 @@ fail with one sentence as :class:`ConfigError`.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,9 @@ class OptimConfig:
     layer_decay: float | None = None
     """Layer-wise LR decay in (0, 1]: block k from the top trains at lr * layer_decay**k, the
     embeddings lowest (app/engine/parameter_groups.py); null: one rate for all."""
+    freeze: list[str] = field(default_factory=list)
+    """Regular expressions over parameter names (``re.search``): the parameters that match one are not
+    trained, e.g. ``[word_embeddings]``. Each must match some parameter; [] trains them all."""
 
 
 @dataclass
@@ -256,6 +260,11 @@ def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] |
     layer_decay = getattr(cfg.optim, "layer_decay", None)
     if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
         raise ConfigError(f"optim.layer_decay must be in (0, 1] (or null), got {layer_decay}.")
+    for pattern in getattr(cfg.optim, "freeze", None) or []:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"optim.freeze has {pattern!r}, which is not a regular expression ({e}).") from None
     if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
         raise ConfigError(f"trainer.ema_decay must be in (0, 1) (or null), got {t.ema_decay}.")
     if t.ema_decay is not None and hw.kind is HardwareKind.fsdp:

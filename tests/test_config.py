@@ -78,6 +78,7 @@ def test_unknown_option_is_rejected(override):
     (["optim.lr=0"], 0, "optim.lr must be a positive number"),
     (["optim.layer_decay=0"], 0, "optim.layer_decay must be in (0, 1]"),
     (["optim.layer_decay=1.5"], 0, "optim.layer_decay must be in (0, 1]"),
+    (["optim.freeze=['(']"], 0, "optim.freeze has '(', which is not a regular expression"),
     (["trainer.gradient_accumulation_steps=0"], 0, "gradient_accumulation_steps must be positive"),
     (["checkpoint.total_limit=0"], 0, "checkpoint.total_limit must be positive"),
     (["hardware=multi_cpu", "hardware.num_processes=1"], 0, "needs at least 2 processes"),
@@ -111,6 +112,7 @@ def test_valid_configs_pass_validation():
     (["optim.lr=-1"], "optim.lr must be a positive number"),
     (["trainer.group_by_length=true"], "trainer.group_by_length=true needs sample lengths"),
     (["optim.layer_decay=0.8"], "optim.layer_decay needs a model built of numbered blocks"),
+    (["optim.freeze=[embeddings]"], "optim.freeze pattern 'embeddings' matches none of the model's parameters"),
 ])
 def test_bad_input_exits_nonzero_and_writes_only_the_log(tmp_path, args, fragment):
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ import torch
 from app.config import ConfigError
 from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.loop import LoopState, fit
-from app.engine.parameter_groups import parameter_groups
+from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.schedulers import linear_with_warmup
 from app.tasks.digits import DigitsTask
 from tests.conftest import REPO, compose_config
@@ -85,7 +85,7 @@ def test_max_steps_ends_the_run_and_evaluates_the_final_weights(tmp_path):
 
 def test_max_steps_alone_runs_across_epochs(tmp_path):
     # trainer.max_epochs=-1: max_steps decides, however many epochs that takes.
-    state, task = run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 10), "trainer.max_epochs=-1",
+    state, _ = run_fit(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 10), "trainer.max_epochs=-1",
                           "trainer.max_steps=100", "trainer.batch_size=32", "logging.trackers=[]")
     assert state.global_step == 100
     assert state.epoch >= 2  # digits' train split is ~45 batches of 32
@@ -193,6 +193,37 @@ def test_adamw_uses_the_fused_kernel_where_the_backend_has_it(tmp_path):
     assert optimizer().defaults["fused"] is True  # CPU: fused by default
     assert not optimizer("optim.fused=false").defaults["fused"]
     assert not optimizer("optim=sgd").defaults.get("fused")  # only optim=adamw has the option
+
+
+def test_frozen_parameters_get_no_gradient_and_no_optimizer_group():
+    """optim.freeze=[word_embeddings] on a BERT classifier: training steps leave the embedding table
+    as it was and move the rest; a pattern matching nothing, or everything, is refused."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=32)
+    model = BertForSequenceClassification(config)
+    assert freeze_parameters(model, ["word_embeddings"]) == ["bert.embeddings.word_embeddings.weight"]
+    table = model.bert.embeddings.word_embeddings.weight
+    grouped = [p for g in parameter_groups(model, weight_decay=0.1) for p in g["params"]]
+    assert all(p is not table for p in grouped) and len(grouped) == len(list(model.parameters())) - 1
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(parameter_groups(model, weight_decay=0.1), lr=0.1)
+    for _ in range(2):
+        loss = model(input_ids=torch.randint(0, 50, (4, 6)), labels=torch.tensor([0, 1, 0, 1])).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert table.grad is None and torch.equal(table, before["bert.embeddings.word_embeddings.weight"])
+    assert not torch.equal(model.classifier.weight, before["classifier.weight"])
+    assert not torch.equal(model.bert.embeddings.position_embeddings.weight,
+                           before["bert.embeddings.position_embeddings.weight"])
+
+    with pytest.raises(ConfigError, match="matches none of the model's parameters"):
+        freeze_parameters(BertForSequenceClassification(config), ["decoder"])
+    with pytest.raises(ConfigError, match="leaves nothing to train"):
+        freeze_parameters(BertForSequenceClassification(config), ["bert", "classifier"])
 
 
 def test_layer_decay_needs_numbered_blocks():

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import SHARED_DATA, run_app
 from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
@@ -25,10 +26,11 @@ def real_sentences(limit: int = 600) -> list[str]:
 @pytest.mark.parametrize("options", [
     ["hardware=multi_cpu"],
     # The MiniLM recipe's choices: mean pooling (no unused pooler for DDP), length-grouped batches, a
-    # weight average, both-order evaluation, test predictions; and the mean-pooling model sharded by FSDP2.
+    # weight average, both-order evaluation, test predictions, frozen word embeddings; and the
+    # mean-pooling model sharded by FSDP2 (frozen and trained parameters in one sharded group).
     ["hardware=multi_cpu", "task.pooling=mean", "trainer.group_by_length=true", "trainer.ema_decay=0.9",
-     "task.symmetric_eval=true", "task.predict_test=true"],
-    ["hardware=fsdp", "task.pooling=mean"],
+     "task.symmetric_eval=true", "task.predict_test=true", "optim.freeze=[word_embeddings]"],
+    ["hardware=fsdp", "task.pooling=mean", "optim.freeze=[word_embeddings]"],
 ], ids=["ddp-cls", "ddp-mean-grouped", "fsdp-mean"])
 def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_path, options):
     if REAL_MRPC.is_dir():
@@ -68,3 +70,12 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     assert loaded.config.num_labels == 2
     batch = tokenizer(["A sentence."], ["Another sentence."], return_tensors="pt")
     assert loaded(**batch).logits.shape == (1, 2)
+
+    if "optim.freeze=[word_embeddings]" in options:  # exported as loaded; the layers above it trained
+        from transformers import AutoModel
+
+        pretrained = AutoModel.from_pretrained(model)
+        assert torch.equal(loaded.encoder.embeddings.word_embeddings.weight,
+                           pretrained.embeddings.word_embeddings.weight)
+        assert not torch.equal(loaded.encoder.encoder.layer[0].attention.self.query.weight,
+                               pretrained.encoder.layer[0].attention.self.query.weight)

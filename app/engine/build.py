@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,13 @@ from app.config import ConfigError, RunConfig
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.factory import build_backend
 from app.engine.loop import Components, total_optimizer_steps
-from app.engine.parameter_groups import parameter_groups
+from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.tasks import build_task
 from app.tasks.base import Task, TaskData
+
+log = logging.getLogger(__name__)
 
 
 def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
@@ -38,6 +41,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     task = task if task is not None else build_task(cfg.task)
     data = task.build_data(accelerator)
     model = task.build_model()
+    frozen = freeze_parameters(model, list(cfg.optim.freeze))
+    if frozen:
+        log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
                               num_workers=cfg.trainer.num_workers, **train_sampling(cfg, task, data))
     eval_loader = DataLoader(data.eval, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size,
@@ -58,6 +64,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:
     options = plain(cfg.optim)
     layer_decay = options.pop("layer_decay", None)  # ours, not the optimizer's
+    options.pop("freeze", None)  # applied to the model already: its parameters no longer require grad
     if "fused" in options and options["fused"] is None:
         options["fused"] = fused_available or None  # None: torch's own default (foreach or a loop)
     groups = parameter_groups(model, options.get("weight_decay", 0.0), lr=options["lr"], layer_decay=layer_decay)
