@@ -41,7 +41,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     task = task if task is not None else build_task(cfg.task)
     data = task.build_data(accelerator)
     model = task.build_model()
-    frozen = freeze_parameters(model, list(cfg.optim.freeze))
+    frozen = freeze_parameters(model, list(getattr(cfg.optim, "freeze", None) or []))
     if frozen:
         log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
