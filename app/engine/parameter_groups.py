@@ -8,13 +8,13 @@ Layer-wise learning-rate decay (``optim.layer_decay``, as ELECTRA and DeBERTa fi
 trains at ``optim.lr``, the top block at ``lr * decay``, the block below at ``lr * decay**2``, ..., the
 embeddings at ``lr * decay**(blocks + 1)``. Lower layers hold the most general pretrained features
 and a small fine-tuning set moves them least usefully; the head is new and needs the full rate.
+Blocks are found by name: the number after ``layer.``/``layers.``/``h.``/``blocks.``/``block.``, the
+way Transformers and timm models name their stacks.
+
 Freezing (``optim.freeze``): parameters whose names match one of the patterns keep their
 pretrained values; they get no gradient, no optimizer state and no weight decay. On a few thousand
 examples, fine-tuning a 30k-word embedding table moves only the rows of words that occur in them,
 away from the rows of words that do not.
-
-Blocks are found by name: the number after ``layer.``/``layers.``/``h.``/``blocks.``/``block.``, the
-way Transformers and timm models name their stacks.
 """
 
 from __future__ import annotations
@@ -64,20 +64,19 @@ def freeze_parameters(model: nn.Module, patterns: list[str]) -> list[str]:
 
     Must run before the model is wrapped (DDP and FSDP2 decide what to synchronise from
     ``requires_grad`` when they wrap it)."""
-    names = [name for name, _ in model.named_parameters()]
-    frozen = []
+    parameters = dict(model.named_parameters())
+    frozen: dict[str, None] = {}  # an ordered set: model order within a pattern, patterns in turn
     for pattern in patterns:
-        matches = [name for name in names if re.search(pattern, name)]
+        matches = [name for name in parameters if re.search(pattern, name)]
         if not matches:
             raise ConfigError(f"optim.freeze pattern {pattern!r} matches none of the model's parameters "
-                              f"(they are named like {names[0]!r}).")
-        frozen.extend(m for m in matches if m not in frozen)
-    if frozen and len(frozen) == len(names):
+                              f"(they are named like {next(iter(parameters))!r}).")
+        frozen.update(dict.fromkeys(matches))
+    if frozen and len(frozen) == len(parameters):
         raise ConfigError("optim.freeze matches every parameter of the model, which leaves nothing to train.")
-    parameters = dict(model.named_parameters())
     for name in frozen:
         parameters[name].requires_grad_(False)
-    return frozen
+    return list(frozen)
 
 
 def layer_depths(names: list[str]) -> dict[str, int]:
