@@ -9,16 +9,18 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from app.distributed import checkpoint_store as store
-from app.distributed.checkpoint_format import finish, write_bytes
+from app.distributed.checkpoint_format import finish, write_safetensors
 from app.distributed.checkpoint_store import CheckpointError, Manifest
 
 
 def make(root, number, step=None, metric=None, mode="max"):
     """A real, committed checkpoint with one data file."""
     temporary = store.temporary_folder(root, number)
-    digest = finish({"m": write_bytes(temporary / "model.safetensors", f"weights {number}".encode() * 10)})["m"]
+    weights = {"w": torch.full((10,), float(number))}
+    digest = finish({"m": write_safetensors(temporary / "model.safetensors", weights)})["m"]
     manifest = Manifest(save_number=number, step=step if step is not None else 10 * number,
                         files={"model.safetensors": {"sha256": digest.sha256, "size": digest.size}},
                         metric=None if metric is None else {"name": "eval/accuracy", "value": metric, "mode": mode})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -139,12 +140,107 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors and header metadata of a safetensors file (no code runs: the header is JSON)."""
+    """Tensors and header metadata of a safetensors file (no code runs: the header is JSON).
+    A file that is not one raises CheckpointError naming it."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
-        return tensors, dict(f.metadata() or {})
+    from app.distributed.checkpoint_store import CheckpointError
+
+    if problem := check_file(path):
+        raise CheckpointError(f"{path} {problem}.")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+            return tensors, dict(f.metadata() or {})
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, OSError...
+        raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(err)}).") from None
+
+
+# -- well-formedness, checked before a file is loaded ---------------------------------------------------
+
+MAX_HEADER_BYTES = 100 * 2**20
+"""safetensors' own limit on a header; a larger claimed length is refused before it is read."""
+MAX_JSON_BYTES = 256 * 2**20
+MAX_JSON_DEPTH = 64
+"""The deepest nesting our states need is about ten; a deeper JSON (or skeleton) is not ours."""
+_ITEM_SIZES = {name: torch.empty((), dtype=dtype).element_size() for dtype, name in _DTYPE_NAMES.items()}
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
+
+
+def _json_problem(text: str | bytes) -> str | None:
+    """None when ``text`` is JSON nested at most MAX_JSON_DEPTH deep; else what is wrong."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return "is nested too deeply to be ours"
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"is not valid JSON ({_first_line(err)})"
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return f"is nested more than {MAX_JSON_DEPTH} levels deep"
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def check_file(path: Path) -> str | None:
+    """None when a checkpoint file is well-formed for its kind (``.json``, ``.safetensors``; other
+    names are not parsed); else what is wrong, as a phrase after the file name. Reads only a
+    safetensors header (its claimed length bounded by the file) or a bounded JSON file, so a
+    crafted file costs neither memory nor time, and never runs code."""
+    size = path.stat().st_size
+    if path.suffix == ".json":
+        if size > MAX_JSON_BYTES:
+            return f"has {size} bytes, more than a checkpoint's JSON state can hold"
+        return _json_problem(path.read_bytes())
+    if path.suffix != ".safetensors":
+        return None
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            return "is too short to be a safetensors file"
+        length = struct.unpack("<Q", prefix)[0]
+        if length > min(size - 8, MAX_HEADER_BYTES):
+            return f"claims a safetensors header of {length} bytes, more than the file (or the format) holds"
+        header_bytes = f.read(length)
+    if problem := _json_problem(header_bytes):
+        return f"has a safetensors header that {problem}"
+    header = json.loads(header_bytes)
+    if not isinstance(header, dict):
+        return "has a safetensors header that is not a JSON object"
+    data_bytes = size - 8 - length
+    for key, entry in header.items():
+        if key == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                return "has safetensors metadata that is not a string map"
+            for name in (SKELETON_KEY, "aliases"):
+                if name in entry and (problem := _json_problem(entry[name])):
+                    return f"has a {name} that {problem}"
+            continue
+        problem = _tensor_entry_problem(entry, data_bytes)
+        if problem:
+            return f"has tensor {key!r} {problem}"
+    return None
+
+
+def _tensor_entry_problem(entry: Any, data_bytes: int) -> str | None:
+    if not isinstance(entry, dict) or entry.get("dtype") not in _ITEM_SIZES:
+        return "with an unknown dtype"
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+        return "with a malformed shape"
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_bytes):
+        return f"with data offsets {offsets} outside the file's {data_bytes} data bytes"
+    needed = math.prod(shape) * _ITEM_SIZES[entry["dtype"]]
+    if offsets[1] - offsets[0] != needed:
+        return f"claiming {needed} bytes for shape {shape} where the file holds {offsets[1] - offsets[0]}"
+    return None
 
 
 # -- nested states ---------------------------------------------------------------------------------
@@ -207,23 +303,41 @@ def write_state(folder: Path, name: str, state: Any) -> dict[str, WrittenFile]:
 
 
 def state_file(folder: Path, name: str) -> Path | None:
+    """The file holding state ``name`` in a checkpoint: whichever of ``<name>.safetensors`` and
+    ``<name>.json`` its manifest lists (the manifest is the only truth: a file it does not list is
+    never read). In a folder without a manifest (not committed: a test, a save in progress),
+    whichever exists."""
+    from app.distributed.checkpoint_store import listed_files
+
+    listed = listed_files(folder)
     for suffix in (".safetensors", ".json"):
-        if (folder / f"{name}{suffix}").is_file():
-            return folder / f"{name}{suffix}"
+        file = f"{name}{suffix}"
+        if file in listed if listed is not None else (folder / file).is_file():
+            return folder / file
     return None
 
 
 def read_state(folder: Path, name: str) -> Any:
-    """The state :func:`write_state` wrote; FileNotFoundError when there is none."""
+    """The state :func:`write_state` wrote; FileNotFoundError when there is none, CheckpointError
+    (naming the file) when it is not well-formed."""
+    from app.distributed.checkpoint_store import CheckpointError
+
     path = state_file(folder, name)
     if path is None:
         raise FileNotFoundError(f"{folder / name}.(json|safetensors)")
-    if path.suffix == ".json":
-        return json.loads(path.read_text())
-    tensors, metadata = read_safetensors(path)
-    for alias, original in json.loads(metadata.get("aliases", "{}")).items():
-        tensors[alias] = tensors[original]
-    return unflatten(json.loads(metadata[SKELETON_KEY]), tensors)
+    if problem := check_file(path):
+        raise CheckpointError(f"{path} {problem}.")
+    try:
+        if path.suffix == ".json":
+            return json.loads(path.read_text())
+        tensors, metadata = read_safetensors(path)
+        for alias, original in json.loads(metadata.get("aliases", "{}")).items():
+            tensors[alias] = tensors[original]
+        return unflatten(json.loads(metadata[SKELETON_KEY]), tensors)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path} does not hold a state this program wrote ({_first_line(err)}).") from None
 
 
 # -- shared storage --------------------------------------------------------------------------------

@@ -61,9 +61,11 @@ def load_model_state(backend: Backend, model: nn.Module, folder: Path, name: str
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from app.distributed.checkpoint_store import listed_files, lists_folder
     from app.distributed.checkpointing import check_compatible, read_full_model_state
 
-    if (folder / name).is_dir():
+    listed = listed_files(folder)
+    if lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
         state = get_model_state_dict(model)
         _check_shapes(backend, state, folder / name)
         try:
@@ -73,7 +75,7 @@ def load_model_state(backend: Backend, model: nn.Module, folder: Path, name: str
         set_model_state_dict(model, state)
         return
     path = folder / f"{name}.safetensors"
-    if not path.is_file():
+    if not (path.name in listed if listed is not None else path.is_file()):
         raise CheckpointError(f"{folder} has neither {name}/ shards nor {path.name}.")
     full: dict[str, torch.Tensor] = {}
     expected = backend.full_state_dict(model)  # a collective: the full shapes, on rank 0

@@ -2,8 +2,11 @@
 
 Layout: ``<run folder>/checkpoints/checkpoint_<N>/`` with ``manifest.json`` written last. A folder
 *is* a checkpoint only when its manifest parses (listing, numbering, rotation) and, to be resumed
-from, when every file it lists has the recorded size and SHA-256 (:func:`verify`). Anything else
-in ``checkpoints/`` (stray names, half-written folders) is ignored: never chosen, never deleted.
+from, when every file it lists is a plain file inside the folder (no ``..``, no absolute path, no
+symlink on the way), is well-formed (headers parsed with bounds, see ``checkpoint_format.check_file``)
+and has the recorded size and SHA-256 (:func:`verify`). The manifest is the only truth: loading
+reads exactly the files it lists, by those names. Anything else in ``checkpoints/`` (stray names,
+half-written folders, symlinks) is ignored: never chosen, never deleted.
 
 A checkpoint is written into ``checkpoints/.tmp-checkpoint_<N>-<random>/``, its files fsynced, the
 manifest written and fsynced, then the folder is renamed into place and the parent fsynced. A
@@ -23,6 +26,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -82,14 +86,65 @@ class Manifest:
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+MAX_MANIFEST_BYTES = 16 * 2**20
+"""A manifest lists file names and digests: anything larger is not one of ours."""
+
+
 def read_manifest(folder: Path) -> Manifest | None:
     """The folder's manifest, or None when it has none or it does not parse (never raises)."""
+    path = folder / MANIFEST
     try:
-        manifest = Manifest.from_json((folder / MANIFEST).read_text())
-    except (OSError, ValueError, TypeError):
+        if path.is_symlink() or path.stat().st_size > MAX_MANIFEST_BYTES:
+            return None
+        manifest = Manifest.from_json(path.read_text())
+    except (OSError, ValueError, TypeError, RecursionError):
         return None
     manifest.folder = str(folder)
     return manifest
+
+
+def listed_files(folder: Path) -> set[str] | None:
+    """The file names the folder's manifest lists, or None when it has no readable manifest."""
+    manifest = read_manifest(folder)
+    return set(manifest.files) if manifest is not None else None
+
+
+def lists_folder(folder: Path, name: str) -> bool:
+    """Whether the folder's manifest lists files under ``name/`` (a backend's sharded state)."""
+    return any(file.startswith(f"{name}/") for file in listed_files(folder) or ())
+
+
+def unsafe_entry(folder: Path, name: str) -> str | None:
+    """Why a manifest entry must not be opened (None: it is a plain relative name of a regular
+    file inside ``folder``, reached without following a symlink). Checked before anything is read,
+    so a tampered manifest cannot make a resume open files elsewhere."""
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\x00" in name
+            or any(part in ("", ".", "..") for part in parts)):
+        return f"its manifest lists {name!r}, which is not a plain relative name inside the checkpoint folder"
+    path = folder
+    for part in parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return f"{name} is missing"
+        if stat.S_ISLNK(mode):
+            return f"{name} is or passes through a symlink (symlinks inside checkpoints are refused)"
+    if not stat.S_ISREG(mode):
+        return f"{name} is not a regular file"
+    return None
+
+
+def _check_listed(folder: Path, manifest: Manifest) -> str | None:
+    """Names, types and sizes of the listed files: no file is opened."""
+    for name, digest in manifest.files.items():
+        if problem := unsafe_entry(folder, name):
+            return problem
+        size = (folder / name).stat().st_size
+        if size != digest.get("size"):
+            return f"{name} has {size} bytes instead of {digest.get('size')} (truncated?)"
+    return None
 
 
 def verify(folder: Path) -> str | None:
@@ -97,17 +152,16 @@ def verify(folder: Path) -> str | None:
 
     Hashing reads every byte (what resuming needs); sizes catch truncation cheaply first.
     """
-    from app.distributed.checkpoint_format import sha256_file
+    from app.distributed.checkpoint_format import check_file, sha256_file
 
     manifest = read_manifest(folder)
     if manifest is None:
         return "it has no readable manifest.json (an interrupted save?)"
-    for name, digest in manifest.files.items():
-        path = folder / name
-        if not path.is_file():
-            return f"{name} is missing"
-        if path.stat().st_size != digest.get("size"):
-            return f"{name} has {path.stat().st_size} bytes instead of {digest.get('size')} (truncated?)"
+    if problem := _check_listed(folder, manifest):
+        return problem
+    for name in manifest.files:
+        if problem := check_file(folder / name):
+            return f"{name} {problem}"
     for name, digest in manifest.files.items():
         if sha256_file(folder / name) != digest.get("sha256"):
             return f"{name} does not match its SHA-256 in the manifest (modified or corrupted)"
@@ -119,11 +173,19 @@ def quick_check(folder: Path) -> str | None:
     manifest = read_manifest(folder)
     if manifest is None:
         return "it has no readable manifest.json (an interrupted save?)"
-    for name, digest in manifest.files.items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != digest.get("size"):
-            return f"{name} is missing or truncated"
-    return None
+    return _check_listed(folder, manifest)
+
+
+def unlisted_files(folder: Path) -> list[str]:
+    """Files in a checkpoint folder that its manifest does not list (ignored when loading)."""
+    listed = listed_files(folder) or set()
+    found = []
+    for parent, dirs, files in os.walk(folder):  # os.walk does not follow symlinked folders
+        for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
+            relative = (Path(parent) / name).relative_to(folder).as_posix()
+            if relative != MANIFEST and relative not in listed:
+                found.append(relative)
+    return sorted(found)
 
 
 def complete_checkpoints(root: Path) -> list[tuple[Path, Manifest]]:
@@ -135,7 +197,7 @@ def complete_checkpoints(root: Path) -> list[tuple[Path, Manifest]]:
         return []
     for entry in entries:
         match = _NAME.fullmatch(entry.name)
-        if not match or not entry.is_dir():
+        if not match or entry.is_symlink() or not entry.is_dir():
             continue
         manifest = read_manifest(entry)
         if manifest is not None and manifest.save_number == int(match.group(1)):
@@ -258,12 +320,37 @@ def is_checkpoint_folder(path: Path) -> bool:
     return (path / MANIFEST).exists() or bool(_NAME.fullmatch(path.name))
 
 
-def find_checkpoint(path: Path, deep: bool = True) -> Path:
+def _unusable_names(root: Path, newer_than: int) -> list[tuple[Path, str]]:
+    """``checkpoint_<N>`` entries newer than ``newer_than`` that are not checkpoints at all (a
+    symlink, no or a broken manifest), with the reason: a resume that passes over them says so."""
+    found = []
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = _NAME.fullmatch(entry.name)
+        if not match or int(match.group(1)) <= newer_than:
+            continue
+        if entry.is_symlink():
+            found.append((entry, "it is a symlink (symlinks inside checkpoints are refused)"))
+        elif entry.is_dir():
+            manifest = read_manifest(entry)
+            if manifest is None:
+                found.append((entry, "its manifest.json is missing, truncated or unreadable"))
+            elif manifest.save_number != int(match.group(1)):
+                found.append((entry, f"its manifest records save {manifest.save_number}, not {match.group(1)}"))
+    return sorted(found, key=lambda item: int(item[0].name.rsplit("_", 1)[1]))
+
+
+def find_checkpoint(path: Path, deep: bool = True, warn: bool = True) -> Path:
     """The checkpoint to resume from for ``resume=<path>`` (a run folder, its ``checkpoints/``, or one
     checkpoint). In a folder of checkpoints it is the newest that verifies; a newer one that does not
-    is skipped with a warning naming it. Raises CheckpointError (one sentence) when there is none.
+    (or a newer ``checkpoint_<N>`` that is no checkpoint at all) is skipped with a warning naming it
+    and why. Raises CheckpointError (one sentence) when there is none.
 
-    ``deep=False`` checks sizes only (no hashing), for a quick look before the run starts.
+    ``deep=False`` checks names and sizes only (no hashing), for a quick look before the run starts;
+    ``warn=False`` leaves the warnings to the deep check.
     """
     check = verify if deep else quick_check
     if not path.exists():
@@ -274,15 +361,25 @@ def find_checkpoint(path: Path, deep: bool = True) -> Path:
             raise CheckpointError(f"cannot resume from {path}: {problem}.")
         return path
     root = checkpoints_root(path)
+    if root is not None and root.is_symlink():
+        raise CheckpointError(f"{root} is a symlink; symlinks inside run folders are refused (resume from the "
+                              "folder it points to instead).")
     candidates = complete_checkpoints(root) if root is not None else []
+    rejected = []
+    for folder, problem in _unusable_names(root, -1) if root is not None else []:
+        if warn and (not candidates or int(folder.name.rsplit("_", 1)[1]) > candidates[-1][1].save_number):
+            log.warning("skipping checkpoint %s: %s", folder, problem)
+        rejected.append(f"{folder.name} ({problem})")
     if not candidates:
-        raise CheckpointError(f"resume={path} contains no checkpoint (expected checkpoints/checkpoint_<N>/manifest.json).")
+        raise CheckpointError(f"resume={path} contains no checkpoint (expected checkpoints/checkpoint_<N>/manifest.json)"
+                              + (f"; not usable: {'; '.join(rejected)}." if rejected else "."))
     rejected = []
     for folder, _ in reversed(candidates):
         problem = check(folder)
         if problem is None:
             return folder
-        log.warning("skipping checkpoint %s: %s", folder, problem)
+        if warn:
+            log.warning("skipping checkpoint %s: %s", folder, problem)
         rejected.append(f"{folder.name} ({problem})")
     raise CheckpointError(f"no checkpoint in {root} verifies: {'; '.join(rejected)}.")
 

@@ -171,6 +171,9 @@ def load_state(acc: Accelerator, input_dir: str | os.PathLike[str] | None = None
     folder = Path(detail)
     manifest = store.read_manifest(folder)
     assert manifest is not None  # verified above
+    if acc.is_main_process and (unlisted := store.unlisted_files(folder)):
+        log.warning("ignoring %s in %s: the manifest does not list them (only listed files are loaded)",
+                    ", ".join(unlisted), folder)
 
     for i, model in enumerate(acc._models):
         backend.load_model_state(model, folder, _name("model", i))
@@ -253,10 +256,11 @@ def load_full_model_state(backend: Backend, model: nn.Module, folder: Path, name
 
     inner = backend.unwrap_model(model)
     path = folder / f"{name}.safetensors"
-    if path.is_file():
+    listed = store.listed_files(folder)
+    if path.name in listed if listed is not None else path.is_file():
         state = read_full_model_state(folder, name)
         check_compatible(inner.state_dict(), state, path)
-    elif (folder / name).is_dir():
+    elif store.lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
         check_compatible(inner.state_dict(), sharded_shapes(folder / name), folder / name)
         state = read_sharded_model_state(folder / name, inner.state_dict())
     else:
