@@ -1,6 +1,12 @@
-"""Per-step overhead of our runtime and engine against a plain PyTorch loop, in one invocation.
+"""Per-step overhead of our runtime and engine against the best plain PyTorch loop, in one invocation.
 
-Same model (small MLP), same data (the digits set), same optimizer and schedule, one CPU thread.
+Held equal across the three variants (see ``bench/baseline.py``): the model (small MLP, same
+initialisation), the data (the digits set) in the same order (one permutation per epoch from
+``seed + epoch``), the optimizer (torch's fused AdamW, the one the engine picks, with the engine's
+parameter groups: no decay on biases), a constant LR schedule stepped every step, clipping at 1.0,
+fp32, no accumulation, ``zero_grad(set_to_none=True)``, one CPU thread, and one host read of the loss
+every 10 steps (the engine logs it that often; the plain loops read it too, and never sync otherwise).
+
 Runs are interleaved (plain, runtime, engine, plain, ...) and timed in process CPU time (a noisy
 neighbour on a shared VM steals wall time, not CPU time); each variant's per-step time is the
 median over rounds, so drift in machine load affects all variants alike. Prints the ratios.
@@ -15,16 +21,15 @@ import statistics
 import time
 
 import torch
+from baseline import LOG_EVERY, EpochOrder, adamw, digits_data
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
+from app.engine.parameter_groups import parameter_groups
 
-def digits_data() -> TensorDataset:
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return TensorDataset(torch.tensor(d.data / 16.0, dtype=torch.float32), torch.tensor(d.target))
+SEED = 0
+WEIGHT_DECAY = 0.01
 
 
 def make_model() -> nn.Module:
@@ -33,36 +38,44 @@ def make_model() -> nn.Module:
 
 
 def make_opt(model: nn.Module):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = adamw(parameter_groups(model, WEIGHT_DECAY), lr=1e-3)
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
 
 
 def plain_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[float, int]:
     model = make_model()
     opt, sched = make_opt(model)
-    loader = DataLoader(data, batch_size=batch_size, shuffle=True)
+    order = EpochOrder(len(data), batch_size, seed=SEED)
+    loader = DataLoader(data, batch_sampler=order)
     steps = 0
+    running = torch.zeros(())
     start = time.process_time()
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        order.set_epoch(epoch)
         for x, y in loader:
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=True)
+            running += loss.detach()
             steps += 1
+            if steps % LOG_EVERY == 0:
+                running.item()
+                running.zero_()
     return time.process_time() - start, steps
 
 
 def runtime_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[float, int]:
     from app.distributed import Accelerator
 
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, seed=SEED)
     model = make_model()
     opt, sched = make_opt(model)
     model, opt, loader, sched = acc.prepare(model, opt, DataLoader(data, batch_size=batch_size, shuffle=True), sched)
     steps = 0
+    running = torch.zeros(())
     start = time.process_time()
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -74,8 +87,12 @@ def runtime_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[flo
                     acc.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
-                opt.zero_grad()
+                opt.zero_grad(set_to_none=True)
+            running += loss.detach()
             steps += 1
+            if steps % LOG_EVERY == 0:
+                running.item()
+                running.zero_()
     return time.process_time() - start, steps
 
 
@@ -108,10 +125,11 @@ def engine_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[floa
         def build_model(self):
             return make_model()
 
-    cfg = RunConfig(task=DigitsConfig(), optim=AdamWConfig(lr=1e-3),
+    cfg = RunConfig(task=DigitsConfig(), optim=AdamWConfig(lr=1e-3, weight_decay=WEIGHT_DECAY, fused=True),
+                    seed=SEED,
                     scheduler=SchedulerConfig(_target_="app.engine.schedulers.constant_with_warmup"),
                     trainer=TrainerConfig(max_epochs=epochs, batch_size=batch_size, max_grad_norm=1.0,
-                                          log_every_n_steps=10),
+                                          log_every_n_steps=LOG_EVERY),
                     early_stopping=EarlyStoppingConfig(patience=None),
                     logging=LoggingConfig(trackers=[], progress_bar=False))
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,6 +157,20 @@ def engine_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[floa
     return elapsed, state.global_step
 
 
+def assert_same_order(data: TensorDataset, batch_size: int) -> None:
+    """The plain loop's batches are our loader's batches, epoch by epoch (what "same data" means)."""
+    from app.distributed import Accelerator
+
+    acc = Accelerator(cpu=True, seed=SEED)
+    ours = acc.prepare(DataLoader(TensorDataset(torch.arange(len(data))), batch_size=batch_size, shuffle=True))
+    order = EpochOrder(len(data), batch_size, seed=SEED)
+    for epoch in range(2):
+        ours.set_epoch(epoch)
+        order.set_epoch(epoch)
+        if [b[0].tolist() for b in ours] != list(order):
+            raise SystemExit("step_overhead: the plain loop's data order differs from ours; fix bench/baseline.py.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=21)
@@ -147,6 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = digits_data()
+    assert_same_order(data, args.batch_size)
     variants = {"plain": plain_loop, "runtime": runtime_loop, "engine": engine_loop}
     for fn in variants.values():  # warm-up: imports, allocator, first-call costs
         fn(data, args.batch_size, 1)

