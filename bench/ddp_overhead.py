@@ -16,6 +16,9 @@
 4. ``gather_for_metrics``: the cost it adds to one evaluation pass (a 20,000-sample set, batch 500
    per process, 10-class logits): the pass with the gather against the same pass keeping its local
    predictions only.
+5. Evaluation memory per process: growth of each rank's peak RSS during the engine's ``evaluate``
+   on a set whose gathered logits take 200 MB (50,000 samples x 1,000 classes), against the same
+   pass keeping the gathered logits on every rank (what the engine did before).
 
     python bench/ddp_overhead.py [--rounds 21] [--epochs 1] [--batch-size 32] [--big-rounds 5] [--big-steps 5]
 """
@@ -40,6 +43,7 @@ BIG = (1024, 2048, 2048, 10)
 BIG_GLOBAL_BATCH = 512
 SEED = 0
 EVAL_SAMPLES, EVAL_BATCH, EVAL_CLASSES = 20_000, 500, 10
+BIG_EVAL_SAMPLES, BIG_EVAL_CLASSES = 50_000, 1_000
 
 
 def mlp(sizes: tuple[int, ...]) -> nn.Module:
@@ -236,6 +240,54 @@ def gather_cost_worker(rounds: int) -> dict[str, list[float]]:
     return times
 
 
+class _ClassifierTask:
+    """The smallest task ``evaluate`` needs: logits of a linear classifier, and accuracy."""
+
+    name = "bench"
+
+    def step(self, model: nn.Module, batch: Any) -> Any:
+        from app.tasks.base import StepOutput
+
+        x, y = batch
+        logits = model(x)
+        return StepOutput(loss=logits.new_zeros(()), logits=logits, labels=y)
+
+    def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        return {"accuracy": float((logits.argmax(-1) == labels).float().mean())}
+
+
+def eval_memory_worker(keep_on_every_rank: bool) -> float:
+    """MiB by which this rank's peak RSS grew during one evaluation pass."""
+    import resource
+
+    from app.distributed import Accelerator
+    from app.engine.loop import Components, evaluate
+
+    backend = ddp_backend()
+    acc = Accelerator(backend=backend, seed=SEED)
+    generator = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(BIG_EVAL_SAMPLES, 16, generator=generator),
+                         torch.randint(0, BIG_EVAL_CLASSES, (BIG_EVAL_SAMPLES,), generator=generator))
+    model = acc.prepare(nn.Linear(16, BIG_EVAL_CLASSES))
+    loader = acc.prepare(DataLoader(data, batch_size=EVAL_BATCH))
+    task = _ClassifierTask()
+    with torch.no_grad():  # warm-up: allocator, first gathers
+        for i, (x, y) in enumerate(loader):
+            acc.gather_for_metrics((model(x), y))
+            if i == 2:
+                break
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if keep_on_every_rank:
+        with torch.no_grad():
+            kept = [acc.gather_for_metrics((model(x), y)) for x, y in loader]
+            task.compute_metrics(torch.cat([k[0] for k in kept]), torch.cat([k[1] for k in kept]))
+    else:
+        evaluate(Components(acc, task, model, None, None, None, loader))  # type: ignore[arg-type]
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    backend.shutdown()
+    return grown
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=21)
@@ -287,6 +339,14 @@ def main() -> None:
           f"({steps} gathers), median of {args.rounds} rounds:")
     print(f"  evaluation pass {local_ms:.1f} ms local, {gathered_ms:.1f} ms gathered: "
           f"+{gathered_ms - local_ms:.1f} ms per evaluation ({gathered_ms / local_ms:.2f}x)")
+
+    engine = run_on_processes(eval_memory_worker, (False,), nprocs=2)
+    every_rank = run_on_processes(eval_memory_worker, (True,), nprocs=2)
+    size_mb = BIG_EVAL_SAMPLES * BIG_EVAL_CLASSES * 4 / 1e6
+    print(f"evaluation memory, {BIG_EVAL_SAMPLES} samples x {BIG_EVAL_CLASSES} classes ({size_mb:.0f} MB of "
+          "gathered logits), peak RSS growth per rank:")
+    print(f"  engine's evaluate: rank 0 +{engine[0]:.0f} MiB, rank 1 +{engine[1]:.0f} MiB; "
+          f"kept on every rank: rank 0 +{every_rank[0]:.0f} MiB, rank 1 +{every_rank[1]:.0f} MiB")
 
 
 if __name__ == "__main__":

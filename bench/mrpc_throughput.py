@@ -4,8 +4,8 @@ a hand-written Transformers loop doing the same work; and the evaluation pass ag
 Training. ``python -m app experiment=mrpc_minilm`` for ``--steps`` optimizer steps, and the plain loop
 (this file, ``--plain-worker``) in its own process, alternating (engine, plain, plain, engine, ...).
 Held equal: the model (the recipe's mean-pooling head on the same encoder folder, word embeddings
-frozen), the tokenization (max_length 128, no padding at tokenization, each batch padded to its
-longest pair), the data order (``LengthGroupedSampler``, seed 42: batches of similar length), batch
+frozen), the tokenization (``datasets`` + ``map``, as Transformers' run_glue_no_trainer.py does;
+max_length 128, no padding at tokenization, each batch padded to its longest pair), the data order (``LengthGroupedSampler``, seed 42: batches of similar length), batch
 16, torch's fused AdamW at lr 1e-4 with weight decay 0.01 except biases and norm weights, the linear
 schedule with 10 % warm-up, clipping at 1.0, fp32, and one host read of the loss every
 ``--log-every`` steps. Throughput is samples/s over the steps after the first ``--log-every`` (warm-up),
@@ -66,6 +66,7 @@ def tiny_model(folder: Path, data_dir: Path) -> Path:
 
 def plain_worker(model_dir: str, data_dir: str, steps: int, log_every: int) -> dict[str, Any]:
     """A hand-written Transformers fine-tuning loop; returns samples/s after warm-up and the loss."""
+    import datasets
     import torch
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
 
@@ -75,11 +76,13 @@ def plain_worker(model_dir: str, data_dir: str, steps: int, log_every: int) -> d
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     pairs = read_pairs(Path(data_dir) / "train.tsv")
-    encoded = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=MAX_LENGTH)
-    rows = [{"input_ids": ids, "attention_mask": mask, "token_type_ids": types, "labels": label}
-            for ids, mask, types, (_, _, label) in zip(encoded["input_ids"], encoded["attention_mask"],
-                                                      encoded["token_type_ids"], pairs)]
-    sampler = LengthGroupedSampler([len(r["input_ids"]) for r in rows], BATCH, seed=SEED)
+    # As Transformers' own run_glue_no_trainer.py prepares GLUE (and as the engine's task does):
+    # a datasets.Dataset tokenized with map, padded per batch by DataCollatorWithPadding.
+    raw = datasets.Dataset.from_dict({"sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
+                                      "labels": [label for _, _, label in pairs]})
+    rows = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True, max_length=MAX_LENGTH),
+                   batched=True, remove_columns=["sentence1", "sentence2"])
+    sampler = LengthGroupedSampler([len(ids) for ids in rows["input_ids"]], BATCH, seed=SEED)
     collate = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
     loader = torch.utils.data.DataLoader(rows, batch_size=BATCH, sampler=sampler, collate_fn=lambda b: dict(collate(b)))
 

@@ -185,3 +185,64 @@ def test_no_sync_trigger_sync_and_join_uneven_inputs(results: dict[str, Any]) ->
     assert (r0["join_batches"], r1["join_batches"]) == (2, 1)
     assert r0["even_batches_restored"] and r1["even_batches_restored"]
     assert r0["join_params_equal"] and r1["join_params_equal"]
+
+
+# -- evaluation: metrics computed once, on the main process ------------------------------------------
+
+EVAL_N = 9  # with batch 2 on 2 processes: 3 global steps, the last one holding one real sample
+
+
+class _RecordingTask:
+    """A classifier task whose compute_metrics records how often it ran in this process."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.metric_calls = 0
+
+    def step(self, model: nn.Module, batch: Any) -> Any:
+        from app.tasks.base import StepOutput
+
+        x, y = batch
+        logits = model(x)
+        return StepOutput(loss=F.cross_entropy(logits, y), logits=logits, labels=y)
+
+    def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        self.metric_calls += 1
+        return {"accuracy": float((logits.argmax(-1) == labels).float().mean()), "label_sum": float(labels.sum())}
+
+
+def _eval_data() -> tuple[TensorDataset, nn.Module]:
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(EVAL_N, 4, generator=generator), torch.randint(0, 3, (EVAL_N,), generator=generator))
+    torch.manual_seed(0)
+    return data, nn.Linear(4, 3)
+
+
+def evaluation_worker() -> dict[str, Any]:
+    from app.distributed import Accelerator
+    from app.engine.loop import Components, evaluate
+
+    acc = Accelerator(backend=ddp_backend(), seed=0)
+    data, model = _eval_data()
+    model = acc.prepare(model)
+    loader = acc.prepare(DataLoader(data, batch_size=2))
+    task = _RecordingTask()
+    metrics = evaluate(Components(acc, task, model, None, None, None, loader))  # type: ignore[arg-type]
+    acc.end_training()
+    return {"metrics": metrics, "metric_calls": task.metric_calls}
+
+
+@pytest.mark.timeout(120)
+def test_evaluation_metrics_are_computed_on_the_main_process_and_shared() -> None:
+    ranks = on_processes(evaluation_worker)
+    data, model = _eval_data()
+    with torch.no_grad():
+        want = _RecordingTask().compute_metrics(model(data.tensors[0]), data.tensors[1])
+    # Only the main process held the gathered predictions and computed the metrics ...
+    assert [r["metric_calls"] for r in ranks] == [1, 0]
+    # ... and every process got the same metrics, over exactly the evaluation set's samples.
+    for r in ranks:
+        assert r["metrics"]["eval/num_samples"] == EVAL_N
+        assert r["metrics"]["eval/accuracy"] == pytest.approx(want["accuracy"])
+        assert r["metrics"]["eval/label_sum"] == want["label_sum"]

@@ -104,24 +104,33 @@ def total_optimizer_steps(cfg: RunConfig, num_batches: int) -> int:
 @torch.no_grad()
 def evaluate(c: Components) -> dict[str, float]:
     """Metrics over the whole evaluation set, from predictions gathered across processes with the
-    padding duplicates removed."""
+    padding duplicates removed.
+
+    Only the main process keeps the gathered predictions and computes the metrics, which it then
+    shares with the others: the evaluation set's logits are held once, not once per process (the
+    other processes drop each batch's gathered copy at once)."""
     acc = c.accelerator
+    keep = acc.is_main_process
     c.model.eval()
     logits, labels = [], []
+    gathered_samples = 0
     with c.evaluation_weights():
         for batch in c.eval_loader:
             out = c.task.step(c.model, batch)
             batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
-            logits.append(batch_logits.cpu())
-            labels.append(batch_labels.cpu())
+            gathered_samples += len(batch_labels)
+            if keep:
+                logits.append(batch_logits.cpu())
+                labels.append(batch_labels.cpu())
     c.model.train()
-    all_logits, all_labels = torch.cat(logits), torch.cat(labels)
     expected = c.eval_loader.total_dataset_length
-    if len(all_labels) != expected:
-        raise RuntimeError(f"evaluation gathered {len(all_labels)} predictions for {expected} samples.")
-    metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(all_logits, all_labels).items()}
-    metrics["eval/num_samples"] = len(all_labels)
-    return metrics
+    if gathered_samples != expected:
+        raise RuntimeError(f"evaluation gathered {gathered_samples} predictions for {expected} samples.")
+    metrics: dict[str, float] | None = None
+    if keep:
+        metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(torch.cat(logits), torch.cat(labels)).items()}
+        metrics["eval/num_samples"] = gathered_samples
+    return acc.backend.broadcast_object(metrics, src=0)
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
