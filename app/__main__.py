@@ -9,6 +9,7 @@ torch's elastic launcher.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -38,6 +39,9 @@ def main(dict_cfg: DictConfig) -> float | None:
     except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
         fail(f"invalid configuration: {err}".splitlines()[0])
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if os.environ.get("RANK", "0") == "0":
+        # Said at once: the rest of start-up (imports, data) can take seconds.
+        log.info("run folder %s", run_dir)
     from app.launch import launch
     from app.worker_errors import WorkerFailed
 
@@ -52,6 +56,11 @@ def main(dict_cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
+        from app.help import app_help
+
+        print(app_help(CONF_DIR), end="")
+        sys.exit(0)
     from app.engine.checkpoint_resume import argv_for_resume
     from app.torchrun import LaunchError, argv_for_rank
 

@@ -177,6 +177,9 @@ class LoggingConfig:
     trackers: list[Tracker] = field(default_factory=lambda: [Tracker.tensorboard])
     """Experiment trackers; wandb runs offline unless WANDB_MODE/WANDB_API_KEY say otherwise."""
     progress_bar: bool = True
+    """Progress bars for training, evaluation and data preparation (main process only)."""
+    print_config: bool = True
+    """Print the resolved config as a tree at start (also kept as <run folder>/config_tree.log)."""
     project_name: str = "app"
 
 

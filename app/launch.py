@@ -45,6 +45,10 @@ def launch(cfg: RunConfig, run_dir: Path) -> float | None:
     world = launched_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
     validate(cfg, torch.cuda.device_count(), launched=(world, local_world) if world is not None else None)
+    if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
+        from app.config_tree import show_config
+
+        show_config(cfg, run_dir)
     from app.engine.run import run
 
     if world is not None:

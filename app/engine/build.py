@@ -58,7 +58,8 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
                             total_steps=total_optimizer_steps(cfg, len(train_loader)))
     scheduler = accelerator.prepare(scheduler)
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
-    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average)
+    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
+                      show_progress=accelerator.is_main_process and cfg.logging.progress_bar)
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:

@@ -20,7 +20,7 @@ from torch import nn
 from app.config import RunConfig
 from app.distributed import Accelerator
 from app.engine.faults import fault_point
-from app.engine.progress import Progress
+from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.tasks.base import Task
@@ -83,6 +83,8 @@ class Components:
     eval_loader: Any
     weight_average: WeightAverage | None = None
     """trainer.ema_decay: evaluation and export use these averaged weights."""
+    show_progress: bool = False
+    """Progress bars (training and evaluation): logging.progress_bar, on the main process only."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -115,7 +117,7 @@ def evaluate(c: Components) -> dict[str, float]:
     logits, labels = [], []
     gathered_samples = 0
     with c.evaluation_weights():
-        for batch in c.eval_loader:
+        for batch in with_progress(c.eval_loader, c.show_progress, desc="eval"):
             out = c.task.step(c.model, batch)
             batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
             gathered_samples += len(batch_labels)
@@ -143,8 +145,7 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     eval_every = t.eval_every_n_steps
     global_batch = c.train_loader.batch_size * acc.num_processes
 
-    progress = Progress(total_steps, initial=state.global_step,
-                        enabled=acc.is_main_process and cfg.logging.progress_bar)
+    progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
     batches_per_epoch = len(c.train_loader)
     # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
@@ -227,9 +228,9 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
         if state.stop_reason is None and state.global_step >= total_steps:
             state.stop_reason = f"reached {total_steps} optimizer steps"
 
-    progress.close()
     if state.stop_reason is None:
         state.stop_reason = f"reached {t.max_epochs} epochs"
+    progress.close(state.stop_reason)
     if state.last_eval_step != state.global_step:
         # The run ended between evaluations: measure the final weights too.
         run_evaluation(c, state, stopper, may_stop=False)
@@ -244,10 +245,9 @@ def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,
     state.last_metrics = metrics
     state.last_eval_step = state.global_step
     acc.log(metrics, step=state.global_step)
-    log.info("step %d: %s", state.global_step,
-             ", ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k.startswith("eval/")))
+    log.info("step %d: %s", state.global_step, human_metrics(metrics, prefix="eval/"))
     if stopper.update(metrics) and may_stop:
         state.stop_reason = (f"{stopper.monitor} did not improve for {stopper.bad_evaluations} evaluations "
-                             f"(best {stopper.best})")
+                             f"(best {human(stopper.best)})")
         acc.set_trigger()
     return metrics

@@ -11,6 +11,8 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
 from app.engine.loop import LoopState, fit
 from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
+from app.engine.progress import human
+from app.engine.summary import model_summary
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +32,12 @@ def run(cfg: RunConfig, run_dir: Path) -> float | None:
         resumed = checkpoints.resume(cfg.resume)
         with preserved_rng():
             accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg), init_kwargs=tracker_kwargs(resumed))
-        log.info("training %s on %d process(es), %s, precision %s; run folder %s", cfg.task.name,
-                 accelerator.num_processes, accelerator.device, accelerator.mixed_precision, run_dir)
+        log.info("training %s; %s; run folder %s", cfg.task.name,
+                 model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
+                               accelerator.num_processes, accelerator.device, accelerator.mixed_precision),
+                 run_dir)
         fit(components, cfg, state, stopper, checkpoints)
-        log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, stopper.best)
+        log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, human(stopper.best))
         if getattr(cfg.task, "predict_test", False):
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:

@@ -99,6 +99,11 @@ class GlueMrpcTask:
         self._runtime = runtime
         if self.cfg.data_dir is not None:
             local_root(self.cfg.data_dir)  # fail on every process alike, before any barrier
+        if not getattr(runtime, "is_main_process", True):
+            import datasets
+
+            # Tokenization shows its progress ("Tokenizing MRPC train") once, from the main process.
+            datasets.disable_progress_bars()
         splits = _run_main_first(runtime, self._load_and_tokenize)
         train, validation, self._raw_test = splits
         if self.cfg.predict_test and self._raw_test is None:

@@ -1,0 +1,70 @@
+"""The resolved run config as a tree, printed once at start (like the Lightning+Hydra template's
+``print_config``): coloured on a terminal, plain in ``<run folder>/config_tree.log``.
+
+Torch-free on purpose: the launcher prints it before any heavy import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+CONFIG_TREE_FILE = "config_tree.log"
+_GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
+
+
+def as_plain(obj: Any) -> Any:
+    """Config dataclasses as dicts, enums by value (what the YAML says)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [as_plain(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: as_plain(v) for k, v in obj.items()}
+    return obj
+
+
+def config_tree(cfg: Any, colour: bool = False) -> str:
+    """``cfg`` as an indented tree: groups first, top-level values last."""
+    values = as_plain(cfg)
+    groups = [(k, v) for k, v in values.items() if isinstance(v, dict)]
+    leaves = [(k, v) for k, v in values.items() if not isinstance(v, dict)]
+    group, key, reset = (_GROUP, _KEY, _RESET) if colour else ("", "", "")
+    lines = ["config"]
+    items = groups + leaves
+    for i, (name, value) in enumerate(items):
+        last = i == len(items) - 1
+        branch, stem = ("└── ", "    ") if last else ("├── ", "│   ")
+        if isinstance(value, dict):
+            lines.append(f"{branch}{group}{name}{reset}")
+            for j, (k, v) in enumerate(value.items()):
+                twig = "└── " if j == len(value) - 1 else "├── "
+                lines.append(f"{stem}{twig}{key}{k}{reset}: {_scalar(v)}")
+        else:
+            lines.append(f"{branch}{key}{name}{reset}: {_scalar(value)}")
+    return "\n".join(lines)
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_scalar(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+    return str(value)
+
+
+def show_config(cfg: Any, run_dir: Path, stream: TextIO | None = None) -> None:
+    """Print the tree (coloured only when ``stream`` is a terminal) and keep a plain copy in the run folder."""
+    stream = stream or sys.stdout
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_TREE_FILE).write_text(config_tree(cfg) + "\n", encoding="utf-8")
+    print(config_tree(cfg, colour=stream.isatty()), file=stream, flush=True)

@@ -1,0 +1,19 @@
+"""The model summary logged once at start: parameters, size, and where and how the run computes."""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+def model_summary(model: nn.Module, hardware: str, num_processes: int, device: object, precision: str) -> str:
+    """e.g. ``model DigitsMLP: 17,866 parameters (17,866 trainable, 0 frozen), 0.07 MB; hardware cpu,
+    1 process(es) on cpu, precision no``. Sharded parameters count with their full size."""
+    total = trainable = size = 0
+    for p in model.parameters():
+        total += p.numel()
+        size += p.numel() * p.element_size()
+        if p.requires_grad:
+            trainable += p.numel()
+    return (f"model {type(model).__name__}: {total:,} parameters ({trainable:,} trainable, "
+            f"{total - trainable:,} frozen), {size / 2**20:.2f} MB; hardware {hardware}, "
+            f"{num_processes} process(es) on {device}, precision {precision}")
