@@ -179,7 +179,7 @@ class LoggingConfig:
     progress_bar: bool = True
     """Progress bars for training, evaluation and data preparation (main process only)."""
     print_config: bool = True
-    """Print the resolved config as a tree at start (also kept as <run folder>/config_tree.log)."""
+    """Print the resolved config as a tree at start (coloured on a terminal)."""
     project_name: str = "app"
 
 

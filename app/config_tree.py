@@ -1,5 +1,6 @@
 """The resolved run config as a tree, printed once at start (like the Lightning+Hydra template's
-``print_config``): coloured on a terminal, plain in ``<run folder>/config_tree.log``.
+``print_config``): coloured on a terminal, plain when the output goes to a file (the run folder's
+``.hydra/config.yaml`` keeps the same values).
 
 Torch-free on purpose: the launcher prints it before any heavy import.
 """
@@ -9,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
-CONFIG_TREE_FILE = "config_tree.log"
 _GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
 
 
@@ -62,9 +61,8 @@ def _scalar(value: Any) -> str:
     return str(value)
 
 
-def show_config(cfg: Any, run_dir: Path, stream: TextIO | None = None) -> None:
-    """Print the tree (coloured only when ``stream`` is a terminal) and keep a plain copy in the run folder."""
+def show_config(cfg: Any, stream: TextIO | None = None) -> None:
+    """Print the tree, coloured only when ``stream`` is a terminal. Nothing is written to the run
+    folder here: a config refused later must leave only the log behind."""
     stream = stream or sys.stdout
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_TREE_FILE).write_text(config_tree(cfg) + "\n", encoding="utf-8")
     print(config_tree(cfg, colour=stream.isatty()), file=stream, flush=True)

@@ -48,7 +48,7 @@ def launch(cfg: RunConfig, run_dir: Path) -> float | None:
     if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
         from app.config_tree import show_config
 
-        show_config(cfg, run_dir)
+        show_config(cfg)
     from app.engine.run import run
 
     if world is not None:

@@ -4,6 +4,7 @@ start, and ``--help``."""
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
 import shutil
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from app.config_tree import show_config
 from app.engine.progress import human, human_metrics
-from tests.conftest import REPO, run_app
+from tests.conftest import REPO, compose_config, run_app
 
 LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[")
 
@@ -68,11 +70,15 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     # At start: the config as a tree (coloured on this terminal, plain in the run folder) and the model.
     assert "├── trainer" in screen and "│   ├── max_epochs: 5" in screen
     assert re.search(r"\x1b\[[0-9;]*m(\x1b\[[0-9;]*m)?trainer", coloured)  # colours on a terminal
-    saved = (tmp_path / "run" / "config_tree.log").read_text()
-    assert "├── trainer" in saved and "\x1b" not in saved
     summary = next(line for line in log_lines if "parameters (" in line)
     assert re.search(r"model MLP: [\d,]+ parameters \([\d,]+ trainable, 0 frozen\), [\d.]+ MB; "
                      r"hardware cpu, 1 process\(es\) on cpu, precision no", summary), summary
+
+
+def test_config_tree_is_plain_when_not_on_a_terminal():
+    out = io.StringIO()
+    show_config(compose_config("trainer.max_epochs=3"), out)
+    assert "├── trainer\n│   ├── max_epochs: 3\n" in out.getvalue() and "\x1b" not in out.getvalue()
 
 
 def test_human_numbers_are_rounded():
