@@ -5,14 +5,16 @@ unknown enum value is rejected by Hydra when the config is composed, before anyt
 ``OmegaConf.to_object`` turns the composed config into these dataclasses once, in ``app.__main__``;
 nothing below the entry point reads a ``DictConfig``.
 
-Rules that span several fields (fp16 on CPU, ``total_limit < 1``...) live in :func:`validate` and
-fail with one sentence as :class:`ConfigError`.
+Rules that span several fields (``total_limit < 1``...) live in :func:`validate` and fail with one
+sentence as :class:`ConfigError`; the rules of a hardware kind (devices, processes, precisions) are
+its spec's, in ``app/distributed/hardware/``.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,8 @@ class ConfigError(ValueError):
 
 
 class HardwareKind(enum.Enum):
+    """The ``hardware=`` options; each value has its spec in ``app/distributed/hardware/registry.py``."""
+
     cpu = "cpu"
     gpu = "gpu"
     multi_cpu = "multi_cpu"
@@ -53,7 +57,8 @@ class HardwareConfig:
     """Where the run executes."""
 
     kind: HardwareKind = HardwareKind.cpu
-    """cpu, gpu (one CUDA device), multi_cpu (DDP on gloo), multi_gpu (DDP on nccl), fsdp (FSDP2)."""
+    """cpu, gpu (one CUDA device), multi_cpu (DDP on gloo), multi_gpu (DDP on nccl), fsdp (FSDP2);
+    see app/distributed/hardware/."""
     num_processes: int = 1
     """Worker processes on this machine; more than one needs a multi-process kind."""
     num_nodes: int = 1
@@ -226,11 +231,14 @@ def register_configs() -> None:
         cs.store(group="task", name=f"{name}_schema", node=schema)
 
 
-def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] | None = None) -> None:
+def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
+             launched: tuple[int, int] | None = None) -> None:
     """Cross-field rules; raises ConfigError with one sentence. Runs before any process group exists.
 
-    ``launched`` is (WORLD_SIZE, LOCAL_WORLD_SIZE) when torchrun already started the processes; the
-    config must then describe the same layout.
+    The hardware kind's spec checks the devices, processes and precision: against ``visible``
+    (devices by torch device type; by default the spec counts what this machine shows) and
+    ``launched``, (WORLD_SIZE, LOCAL_WORLD_SIZE) when torchrun already started the processes (the
+    config must then describe the same layout).
     """
     t, hw, ckpt = cfg.trainer, cfg.hardware, cfg.checkpoint
     positive = {
@@ -270,47 +278,14 @@ def validate(cfg: RunConfig, cuda_device_count: int, launched: tuple[int, int] |
             raise ConfigError(f"optim.freeze has {pattern!r}, which is not a regular expression ({e}).") from None
     if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
         raise ConfigError(f"trainer.ema_decay must be in (0, 1) (or null), got {t.ema_decay}.")
-    if t.ema_decay is not None and hw.kind is HardwareKind.fsdp:
-        raise ConfigError("trainer.ema_decay does not work with hardware=fsdp yet (the average would be "
-                          "sharded like the weights); use hardware=multi_cpu or multi_gpu, or ema_decay=null.")
     if not 0.0 <= cfg.scheduler.warmup_ratio < 1.0 or cfg.scheduler.warmup_steps < 0:
         raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
     if cfg.early_stopping.min_delta < 0:
         raise ConfigError(f"early_stopping.min_delta must be 0 or more, got {cfg.early_stopping.min_delta}.")
-
-    uses_cuda = hw.kind in (HardwareKind.gpu, HardwareKind.multi_gpu) or (
-        hw.kind is HardwareKind.fsdp and cuda_device_count > 0
-    )
-    if hw.kind in (HardwareKind.gpu, HardwareKind.multi_gpu) and cuda_device_count == 0:
-        raise ConfigError(f"hardware={hw.kind.value} needs a CUDA GPU, but none is visible; use hardware=cpu.")
-    if cfg.precision.mode is PrecisionMode.fp16 and not uses_cuda:
-        raise ConfigError("precision=fp16 needs a CUDA GPU (loss scaling on CPU is not supported); use bf16 or no.")
-    multi = hw.kind in (HardwareKind.multi_cpu, HardwareKind.multi_gpu, HardwareKind.fsdp)
-    if not multi and (hw.num_processes > 1 or hw.num_nodes > 1):
-        raise ConfigError(
-            f"hardware={hw.kind.value} runs one process; use hardware=multi_cpu, multi_gpu or fsdp for "
-            f"hardware.num_processes={hw.num_processes}."
-        )
-    if multi and hw.num_processes * hw.num_nodes < 2:
-        raise ConfigError(
-            f"hardware={hw.kind.value} needs at least 2 processes; set hardware.num_processes=2 or more."
-        )
-    if uses_cuda and multi and hw.num_processes > cuda_device_count:
-        raise ConfigError(
-            f"hardware.num_processes={hw.num_processes} asks for more GPUs than the {cuda_device_count} visible."
-        )
-    if launched is None and hw.num_nodes > 1:
-        raise ConfigError(
-            f"hardware.num_nodes={hw.num_nodes} needs a launcher on every node: run torchrun --nnodes "
-            f"{hw.num_nodes} --nproc_per_node {hw.num_processes} --rdzv-backend c10d --rdzv-endpoint HOST:PORT "
-            "-m app ... on each."
-        )
-    if launched is not None:
-        world, local_world = launched
-        if (world, local_world) != (hw.num_processes * hw.num_nodes, hw.num_processes):
-            raise ConfigError(
-                f"the launcher started {world} process(es), {local_world} per node, but the config asks for "
-                f"hardware.num_nodes={hw.num_nodes} x hardware.num_processes={hw.num_processes}; make them agree."
-            )
     if hw.collective_timeout_s <= 0:
         raise ConfigError("hardware.collective_timeout_s must be positive.")
+
+    from app.distributed.hardware import hardware_spec
+
+    spec = hardware_spec(hw.kind)
+    spec.validate(cfg, spec.probe() if visible is None else visible, launched)

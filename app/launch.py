@@ -21,12 +21,11 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
-from app.config import HardwareKind, RunConfig, validate
+from app.config import RunConfig, validate
 from app.worker_errors import call_blaming_the_cause, worker_failure
 
 log = logging.getLogger(__name__)
 
-MULTI_PROCESS_KINDS = (HardwareKind.multi_cpu, HardwareKind.multi_gpu, HardwareKind.fsdp)
 LOG_FORMAT = "[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"
 
 
@@ -40,15 +39,14 @@ def launched_world_size() -> int | None:
 
 def launch(cfg: RunConfig, run_dir: Path) -> float | None:
     """Run the job and return rank 0's result (the monitored metric, for sweepers)."""
-    import torch
-
     world = launched_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
-    validate(cfg, torch.cuda.device_count(), launched=(world, local_world) if world is not None else None)
+    validate(cfg, launched=(world, local_world) if world is not None else None)
     if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
         from app.config_tree import show_config
 
         show_config(cfg)
+    from app.distributed.hardware import hardware_spec
     from app.engine.run import run
 
     if world is not None:
@@ -58,10 +56,10 @@ def launch(cfg: RunConfig, run_dir: Path) -> float | None:
         if rank != 0:
             configure_worker_logging(rank, log_file=None)
         return record(call_blaming_the_cause)(run, cfg, run_dir)
-    if cfg.hardware.kind not in MULTI_PROCESS_KINDS:
+    workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
+    if workers == 0:
         return run(cfg, run_dir)
-    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file()),
-                               nprocs=cfg.hardware.num_processes)
+    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file()), nprocs=workers)
     return results[0]
 
 

@@ -129,7 +129,7 @@ def same_order(backend: Any, data: TensorDataset, batch_size: int) -> bool:
 def ddp_backend() -> Any:
     from app.distributed.torch_distributed import DDPBackend
 
-    return DDPBackend.from_environment(cpu=True, timeout_s=300)
+    return DDPBackend.from_environment(timeout_s=300)
 
 
 def overhead_worker(rounds: int, epochs: int, batch_size: int) -> dict[str, Any]:
@@ -195,9 +195,9 @@ def fsdp_vs_ddp_worker(steps: int, rounds: int) -> dict[str, list[float]]:
     """Samples/s of the big MLP through FSDP2 and through DDP, interleaved, in one process group."""
     from app.distributed.torch_distributed import DDPBackend, FSDPBackend
 
-    ddp = DDPBackend.from_environment(cpu=True, timeout_s=300)
+    ddp = DDPBackend.from_environment(timeout_s=300)
     # The group exists now: the FSDP2 backend joins it instead of creating another.
-    fsdp = FSDPBackend.from_environment(cpu=True, timeout_s=300)
+    fsdp = FSDPBackend.from_environment(timeout_s=300)
     out: dict[str, list[float]] = {"ddp": [], "fsdp": []}
     for r in range(rounds):
         for name in (("ddp", "fsdp") if r % 2 == 0 else ("fsdp", "ddp")):

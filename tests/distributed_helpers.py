@@ -23,10 +23,10 @@ def on_processes(fn: Callable[..., Any], *args: Any, nprocs: int = 2) -> list[An
 def ddp_backend() -> Any:
     from app.distributed.torch_distributed import DDPBackend
 
-    return DDPBackend.from_environment(cpu=True, timeout_s=TIMEOUT_S)
+    return DDPBackend.from_environment(timeout_s=TIMEOUT_S)
 
 
 def fsdp_backend(reshard_after_forward: bool = True) -> Any:
     from app.distributed.torch_distributed import FSDPBackend
 
-    return FSDPBackend.from_environment(cpu=True, timeout_s=TIMEOUT_S, reshard_after_forward=reshard_after_forward)
+    return FSDPBackend.from_environment(timeout_s=TIMEOUT_S, reshard_after_forward=reshard_after_forward)

@@ -90,16 +90,16 @@ def test_unknown_option_is_rejected(override):
 def test_cross_field_rules(overrides, cuda, fragment):
     cfg = compose_config(*overrides)
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")) as info:
-        validate(cfg, cuda_device_count=cuda)
+        validate(cfg, visible={"cuda": cuda})
     message = str(info.value)
     assert "\n" not in message and message.endswith(".")
 
 
 def test_valid_configs_pass_validation():
-    validate(compose_config(), cuda_device_count=0)
-    validate(compose_config("hardware=multi_cpu", "hardware.num_processes=2"), cuda_device_count=0)
-    validate(compose_config("precision=fp16", "hardware=gpu"), cuda_device_count=1)
-    validate(compose_config("precision=bf16"), cuda_device_count=0)
+    validate(compose_config(), visible={"cuda": 0})
+    validate(compose_config("hardware=multi_cpu", "hardware.num_processes=2"), visible={"cuda": 0})
+    validate(compose_config("precision=fp16", "hardware=gpu"), visible={"cuda": 1})
+    validate(compose_config("precision=bf16"), visible={"cuda": 0})
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -31,7 +31,7 @@ from tests.conftest import CONF_DIR, compose_config
 def test_layout_rules_fail_with_one_sentence(overrides: list[str], launched: tuple[int, int] | None,
                                              message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        validate(compose_config(*overrides), cuda_device_count=0, launched=launched)
+        validate(compose_config(*overrides), visible={"cuda": 0}, launched=launched)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_layout_rules_fail_with_one_sentence(overrides: list[str], launched: tup
     ],
 )
 def test_valid_layouts_pass(overrides: list[str], launched: tuple[int, int] | None) -> None:
-    validate(compose_config(*overrides), cuda_device_count=0, launched=launched)
+    validate(compose_config(*overrides), visible={"cuda": 0}, launched=launched)
 
 
 @pytest.fixture

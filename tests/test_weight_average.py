@@ -104,4 +104,4 @@ def test_bad_decay_is_one_sentence(overrides, fragment):
     from app.config import ConfigError, validate
 
     with pytest.raises(ConfigError, match=re.escape(fragment)):
-        validate(compose_config(*overrides), cuda_device_count=0)
+        validate(compose_config(*overrides), visible={"cuda": 0})

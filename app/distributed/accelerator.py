@@ -44,14 +44,15 @@ _REDUCE_OPS = ("sum", "mean", "max", "min")
 
 
 def default_backend(cpu: bool) -> Backend:
-    """The backend the environment asks for: torchrun's variables mean several processes."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from app.distributed.torch_distributed import DDPBackend
+    """The backend the environment asks for (the hardware kind that ``detects`` it): torchrun's
+    variables mean several processes; ``cpu`` keeps off accelerators."""
+    from app.config import HardwareConfig, HardwareKind
+    from app.distributed.hardware import detect_spec
 
-        return DDPBackend.from_environment(cpu=cpu or not torch.cuda.is_available())
-    if not cpu and torch.cuda.is_available():
-        return Backend(torch.device("cuda", 0))
-    return Backend(torch.device("cpu"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    spec = detect_spec(world_size, cpu)
+    return spec.build_backend(HardwareConfig(kind=HardwareKind(spec.kind), num_processes=world_size,
+                                             collective_timeout_s=600.0))
 
 
 class Accelerator:
@@ -197,7 +198,8 @@ class Accelerator:
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.precision)
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.precision,
+                                       step_end=self.backend.step_end)
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -514,8 +516,7 @@ class Accelerator:
         self._schedulers.clear()
         self._dataloaders.clear()
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self.backend.free_memory()
         return [None for _ in objects]
 
     clear = free_memory

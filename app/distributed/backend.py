@@ -1,8 +1,10 @@
 """The backend interface: the few operations whose meaning depends on how many processes run and on
 what device. One class per hardware kind implements it; the Accelerator and the engine only call it.
 
-On one process every collective is the identity. The multi-process backends (DDP on gloo/nccl,
-FSDP2) live in ``torch_distributed.py``; an XLA backend is one more subclass of :class:`Backend`.
+On one process every collective is the identity. The multi-process backends (DDP, FSDP2) live in
+``torch_distributed.py``. What depends on the device type rather than on the process layout (RNG
+state, cached memory, the end-of-step hook, fused kernels) is the backend's ``ops``, from
+``app/distributed/hardware/``, whose specs build the backends.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from app.distributed.hardware.device import DeviceOps
+from app.distributed.hardware.registry import device_ops
+
 
 class Backend:
     """Single process on one device. Subclasses override what changes with several processes."""
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.ops: DeviceOps = device_ops(device)
 
     # -- topology -------------------------------------------------------------------------------------
     num_processes: int = 1
@@ -41,9 +47,8 @@ class Backend:
     @property
     def fused_optimizers(self) -> bool:
         """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this backend's
-        parameters: CPU and CUDA have them (on CPU one fused AdamW step is ~7x faster than torch's
-        default per-parameter loop); an XLA backend would say no."""
-        return self.device.type in ("cpu", "cuda")
+        parameters (see ``DeviceOps.fused_optimizers``)."""
+        return self.ops.fused_optimizers
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model
@@ -119,8 +124,22 @@ class Backend:
     def barrier(self) -> None:
         pass
 
+    # -- device operations (see app/distributed/hardware/device.py) ----------------------------------------
     def step_end(self) -> None:
-        """Called after each optimizer step: XLA cuts its graph here; eager backends do nothing."""
+        """Called once after each real optimizer step (by the optimizer wrapper): a lazy device cuts
+        its graph here; eager devices do nothing."""
+        self.ops.step_end()
+
+    def free_memory(self) -> None:
+        """Release the memory the device's allocator caches."""
+        self.ops.free_memory()
+
+    def rng_state(self) -> dict[str, Any]:
+        """The device's RNG states for ``rng_state_<rank>`` (CPU: none beyond torch's own)."""
+        return self.ops.rng_state()
+
+    def set_rng_state(self, state: dict[str, Any]) -> None:
+        self.ops.set_rng_state(state)
 
     def shutdown(self) -> None:
         pass

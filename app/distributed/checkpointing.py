@@ -8,7 +8,8 @@ first; see ``checkpoint_store`` for the folder's life-cycle and ``checkpoint_for
 - ``optimizer.safetensors``: optimizer tensors, with the rest of its state as JSON in the header;
 - ``scheduler.json``, ``scaler.json`` (fp16 only), ``dataloader.json`` (epoch, seed, samples
   consumed in the epoch), ``custom_checkpoint_<i>.json|.safetensors`` (``register_for_checkpointing``);
-- ``rng_state_<rank>.safetensors``: python, numpy, torch (and CUDA) RNG states of every rank;
+- ``rng_state_<rank>.safetensors``: python, numpy, torch (and the device's, ``Backend.rng_state``)
+  RNG states of every rank;
 - ``accelerator_state.json``; and ``manifest.json``, written last.
 
 Every rank calls save_state and load_state (they contain collectives). The main process verifies
@@ -97,7 +98,7 @@ def save_state(acc: Accelerator, output_dir: str | os.PathLike[str] | None = Non
     for i, optimizer in enumerate(acc._optimizers):
         written.update(backend.save_optimizer_state(_owner(acc, optimizer), optimizer.optimizer, temporary,
                                                     _name("optimizer", i)))
-    written.update(write_state(temporary, f"rng_state_{acc.process_index}", capture_rng()))
+    written.update(write_state(temporary, f"rng_state_{acc.process_index}", capture_rng(backend)))
     if acc.is_main_process:
         for i, scheduler in enumerate(acc._schedulers):
             written.update(write_state(temporary, _name("scheduler", i), scheduler.state_dict()))
@@ -191,7 +192,7 @@ def load_state(acc: Accelerator, input_dir: str | os.PathLike[str] | None = None
     acc.step, acc._micro_step = int(counters["step"]), int(counters["micro_step"])
     if counters.get("seed") is not None:
         acc._seed = int(counters["seed"])
-    restore_rng(folder, acc.process_index, manifest)
+    restore_rng(folder, acc.backend, manifest)
     log.info("resumed from %s (step %s, epoch %s)", folder, manifest.step, manifest.epoch)
     return manifest
 
@@ -288,8 +289,9 @@ def load_full_optimizer_state(backend: Backend, model: nn.Module | None, optimiz
 # -- RNG -------------------------------------------------------------------------------------------
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states in a form :func:`checkpoint_format.flatten` stores without pickle."""
+def capture_rng(backend: Backend) -> dict[str, Any]:
+    """This process's RNG states in a form :func:`checkpoint_format.flatten` stores without pickle;
+    the device's (e.g. ``cuda``) come from the backend, under the keys its ``DeviceOps`` chose."""
     kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -297,28 +299,27 @@ def capture_rng() -> dict[str, Any]:
                   "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    state.update(backend.rng_state())
     return state
 
 
-def apply_rng(state: dict[str, Any]) -> None:
+def apply_rng(state: dict[str, Any], backend: Backend) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
     np.random.set_state((n["kind"], np.array(n["key"], dtype=np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    backend.set_rng_state(state)
 
 
-def restore_rng(folder: Path, rank: int, manifest: Manifest) -> None:
+def restore_rng(folder: Path, backend: Backend, manifest: Manifest) -> None:
     """Restore this rank's RNG states. A rank that did not exist when the checkpoint was written
     (more processes now) gets fresh streams seeded from the step and its rank: dropout masks and
     the like cannot continue exactly across a change of world size."""
+    rank = backend.process_index
     if state_file(folder, f"rng_state_{rank}") is not None:
-        apply_rng(read_state(folder, f"rng_state_{rank}"))
+        apply_rng(read_state(folder, f"rng_state_{rank}"), backend)
         return
     seed = (manifest.step * 1_000_003 + rank) % 2**31
     random.seed(seed)

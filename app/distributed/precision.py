@@ -82,7 +82,7 @@ class AutocastPrecision(Precision):
 class Fp16Precision(AutocastPrecision):
     """fp16 autocast plus dynamic loss scaling; an overflowing step is skipped and reported."""
 
-    def __init__(self, device_type: str = "cuda"):
+    def __init__(self, device_type: str):
         super().__init__("fp16", device_type, torch.float16)
         self.scaler = torch.amp.GradScaler(device_type)
 
@@ -115,13 +115,16 @@ def build_precision(mode: str, device: torch.device) -> Precision:
     """Map a precision name (``no``/``fp16``/``bf16``) to its object for the given device."""
     if mode in ("no", None):
         return Precision()
+    if mode not in ("bf16", "fp16"):
+        raise ValueError(f"unknown mixed precision {mode!r}; expected 'no', 'fp16' or 'bf16'.")
+    from app.distributed.hardware import device_ops
+
+    ops = device_ops(device)  # what the device type can run (app/distributed/hardware/)
+    if mode not in ops.precisions:
+        raise ValueError(ops.precision_refusal(mode))
     if mode == "bf16":
         return AutocastPrecision("bf16", device.type, torch.bfloat16)
-    if mode == "fp16":
-        if device.type != "cuda":
-            raise ValueError("fp16 mixed precision needs a CUDA device; use bf16 or no on CPU.")
-        return Fp16Precision(device.type)
-    raise ValueError(f"unknown mixed precision {mode!r}; expected 'no', 'fp16' or 'bf16'.")
+    return Fp16Precision(device.type)
 
 
 def unscale_all(precision: Precision, optimizers: Iterable[torch.optim.Optimizer]) -> None:

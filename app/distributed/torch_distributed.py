@@ -3,8 +3,9 @@ CPU worker (gloo) or per GPU (nccl for CUDA tensors, gloo for CPU tensors).
 
 Both read the process layout from the variables torchrun and torch's elastic launcher set (RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and create the process group with
-a timeout, so a collective whose peer died fails instead of hanging. Only this file names a
-collective backend or ``cuda``; the engine goes through :class:`~app.distributed.backend.Backend`.
+a timeout, so a collective whose peer died fails instead of hanging. The device and the collective
+library come from the hardware spec's ``DeviceOps`` (``app/distributed/hardware/``); besides that
+package, only this file names a device type, for torch APIs that differ on CUDA.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from app.distributed.backend import Backend
+from app.distributed.hardware.device import CPU, DeviceOps
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,11 @@ class TorchDistributedBackend(Backend):
         self._owns_group = owns_group
 
     @classmethod
-    def from_environment(cls, cpu: bool, timeout_s: float = 600.0, **kwargs: Any) -> TorchDistributedBackend:
+    def from_environment(cls, device_ops: DeviceOps = CPU, timeout_s: float = 600.0,
+                         **kwargs: Any) -> TorchDistributedBackend:
         """Join the process group described by torchrun's environment variables (creating it unless
-        this process already has one). ``kwargs`` go to the subclass constructor."""
+        this process already has one) on ``device_ops``'s device type and collective library (the
+        hardware spec chooses; the CPU's gloo by default). ``kwargs`` go to the subclass constructor."""
         missing = [name for name in _LAYOUT_VARS if name not in os.environ]
         if missing:
             raise RuntimeError(
@@ -55,16 +59,11 @@ class TorchDistributedBackend(Backend):
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        if cpu:
-            device, backend = torch.device("cpu"), "gloo"
-        else:
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-            # CUDA tensors go through nccl; CPU tensors (pickled objects, CPU metrics) through gloo.
-            backend = "cpu:gloo,cuda:nccl"
+        device = device_ops.local_device(local_rank)
         owns_group = not dist.is_initialized()
         if owns_group:
-            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(device_ops.collective_backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=timeout_s))
         return cls(device, process_index=rank, num_processes=world, local_process_index=local_rank,
                    num_local_processes=local_world, owns_group=owns_group, **kwargs)
 

@@ -19,10 +19,13 @@ from app.distributed.precision import Precision
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     # Subclassing Optimizer (without its __init__) keeps isinstance checks of LR schedulers working.
-    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, precision: Precision):
+    def __init__(self, optimizer: torch.optim.Optimizer, gradient_state: GradientState, precision: Precision,
+                 step_end: Callable[[], None] | None = None):
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.precision = precision
+        self.step_end = step_end
+        """The backend's end-of-step hook (``Backend.step_end``), run after every real step."""
         self.step_was_skipped = False
 
     @property
@@ -44,6 +47,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
         if self.gradient_state.sync_gradients:
             self.step_was_skipped = not self.precision.optimizer_step(self.optimizer, closure)
+            if self.step_end is not None:
+                self.step_end()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self.gradient_state.sync_gradients:

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from app.config import ConfigError, RunConfig
 from app.distributed import Accelerator, LengthGroupedSampler
-from app.distributed.factory import build_backend
+from app.distributed.hardware import build_backend
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.triggers import EarlyStopping

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import RunConfig
+from app.distributed import Backend
 from app.distributed.checkpoint_format import fsync_paths
 from app.distributed.checkpoint_store import (
     CHECKPOINTS,
@@ -166,14 +167,14 @@ def tracker_kwargs(manifest: Manifest | None) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def preserved_rng() -> Iterator[None]:
+def preserved_rng(backend: Backend) -> Iterator[None]:
     """Random streams come out of the block as they went in (tracker start-up may draw from them,
     and a resumed run must continue the restored streams exactly)."""
-    saved = capture_rng()
+    saved = capture_rng(backend)
     try:
         yield
     finally:
-        apply_rng(saved)
+        apply_rng(saved, backend)
 
 
 def export_model(c: Components, folder: Path) -> None:

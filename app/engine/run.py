@@ -30,7 +30,7 @@ def run(cfg: RunConfig, run_dir: Path) -> float | None:
         state = LoopState()
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
-        with preserved_rng():
+        with preserved_rng(accelerator.backend):
             accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg), init_kwargs=tracker_kwargs(resumed))
         log.info("training %s; %s; run folder %s", cfg.task.name,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
