@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader
 from app.distributed.backend import Backend
 from app.distributed.data import DataLoaderShard, GradientState, shard_dataloader
 from app.distributed.data import skip_first_batches as _skip_first_batches
+from app.distributed.launchers import MIXED_PRECISION_ENV
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, build_precision, unscale_all
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
@@ -81,7 +82,9 @@ class Accelerator:
         if gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
         self.backend = backend if backend is not None else default_backend(cpu)
-        self.precision: Precision = build_precision(mixed_precision or "no", self.backend.device)
+        # Unset: what a launcher asked for (notebook_launcher's mixed_precision, Accelerate's variable).
+        mixed_precision = mixed_precision or os.environ.get(MIXED_PRECISION_ENV) or "no"
+        self.precision: Precision = build_precision(mixed_precision, self.backend.device)
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.device_placement = device_placement
         if dataloader_config is not None:
