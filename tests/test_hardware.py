@@ -135,3 +135,19 @@ def test_a_kind_added_to_the_registry_alone_is_validated_launched_and_built(monk
     # One end-of-step hook per optimizer step (not per micro-batch), through the Accelerator's optimizer.
     assert spec.ops.step_ends == 4
     assert (tmp_path / "metrics.jsonl").is_file()
+
+
+def test_rng_files_keep_their_keys_and_a_gpu_checkpoint_restores_on_the_cpu(tmp_path: Path):
+    from app.distributed.checkpoint_format import read_state, write_state
+    from app.distributed.checkpointing import apply_rng, capture_rng
+
+    backend = Backend(torch.device("cpu"))
+    state = capture_rng(backend)
+    assert set(state) == {"python", "numpy", "torch"}
+    # What a CUDA machine adds (CudaOps.rng_state): one generator state per device, under "cuda".
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8)]
+    write_state(tmp_path, "rng_state_0", state)
+    expected = torch.rand(3)
+    torch.rand(5)  # move the stream on
+    apply_rng(read_state(tmp_path, "rng_state_0"), backend)
+    assert torch.equal(torch.rand(3), expected)

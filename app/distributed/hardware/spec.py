@@ -72,14 +72,17 @@ class HardwareSpec:
 
     # -- processes --------------------------------------------------------------------------------------
     def local_workers(self, hw: HardwareConfig) -> int:
-        """How many worker processes ``python -m app`` starts on this machine; 0: the job runs in the
-        calling process (one process, or one process driving all of the host's devices)."""
+        """How many worker processes ``python -m app`` (and ``notebook_launcher``) start on this
+        machine; 0: the job runs in the calling process (one process, or one process driving all of
+        the host's devices)."""
         return 0
 
     def detects(self, world_size: int, cpu: bool) -> bool:
         """Whether an ``Accelerator()`` made without a config runs on this kind, in an environment
         where a launcher started ``world_size`` processes (1 without one); ``cpu`` is the
-        Accelerator's ``cpu=True``. The registry asks the kinds in its order, first yes wins."""
+        Accelerator's ``cpu=True``. The registry asks the kinds in its order, first yes wins.
+        ``notebook_launcher`` asks the same question (with the processes it was asked for) to
+        choose the kind whose ``local_workers`` it forks."""
         return world_size == 1
 
     # -- objects ------------------------------------------------------------------------------------------
