@@ -15,6 +15,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig, register_configs
@@ -38,10 +39,13 @@ def main(dict_cfg: DictConfig) -> float | None:
         cfg: RunConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
     except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
         fail(f"invalid configuration: {err}".splitlines()[0])
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     if os.environ.get("RANK", "0") == "0":
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
+    if hydra_cfg.mode is RunMode.MULTIRUN and cfg.logging.group is None:
+        cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
     from app.launch import launch
     from app.worker_errors import WorkerFailed
 
@@ -62,6 +66,7 @@ if __name__ == "__main__":
         print(app_help(CONF_DIR), end="")
         sys.exit(0)
     from app.engine.checkpoint_resume import argv_for_resume
+    from app.launch import adopt_slurm_layout
     from app.torchrun import LaunchError, argv_for_rank
 
     try:
@@ -69,6 +74,8 @@ if __name__ == "__main__":
         sys.argv[1:] = argv_for_resume(sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
+    if not any(arg in ("-m", "--multirun") for arg in sys.argv[1:]):
+        adopt_slurm_layout()  # srun -n N python -m app ...: each SLURM task is one rank
     try:
         # Inside torchrun, every rank must agree on one run folder before Hydra creates any.
         sys.argv[1:] = argv_for_rank(sys.argv[1:], CONF_DIR)

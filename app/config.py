@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -186,6 +186,8 @@ class LoggingConfig:
     print_config: bool = True
     """Print the resolved config as a tree at start (coloured on a terminal)."""
     project_name: str = "app"
+    group: str | None = None
+    """wandb's run group; null: none for a single run, the sweep folder's path for a multirun's jobs."""
 
 
 @dataclass
@@ -229,6 +231,36 @@ def register_configs() -> None:
     cs.store(group="logging", name="logging_schema", node=LoggingConfig)
     for name, schema in TASK_SCHEMAS.items():
         cs.store(group="task", name=f"{name}_schema", node=schema)
+    register_grid_sweeper(cs)
+    OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
+
+
+def parallel_jobs(processes_per_job: int) -> int:
+    """How many jobs of ``processes_per_job`` processes this machine's cores run at once (>= 1)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(processes_per_job)))
+
+
+def register_grid_sweeper(cs: ConfigStore) -> None:
+    """``hydra/sweeper=basic`` (Hydra's default) becomes Hydra's grid sweeper that, with resume=auto,
+    reads a sweep's finished jobs back instead of running them again (hydra_plugins/app_sweepers).
+
+    Stored under Hydra's own name: an ``override hydra/sweeper`` in conf/config.yaml would also win
+    over the one in hparams_search/*.yaml (Hydra keeps a group's first override). After Hydra's plugin
+    scan, which stores Hydra's own ``basic`` again each time it runs (once per process).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
+
+    @dataclass
+    class ResumableBasicSweeperConf(BasicSweeperConf):
+        _target_: str = "hydra_plugins.app_sweepers.resumable.ResumableBasicSweeper"
+
+    cs.store(group="hydra/sweeper", name="basic", node=ResumableBasicSweeperConf, provider="app")
 
 
 def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,

@@ -37,8 +37,24 @@ def launched_world_size() -> int | None:
     return None
 
 
+def adopt_slurm_layout(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """In a SLURM step of several tasks (and not already under torchrun), export this task's rank and
+    master the way torchrun would: each task is one rank of the job (app/slurm.py)."""
+    from app.slurm import slurm_layout
+
+    layout = slurm_layout(environ)
+    if layout is not None and "RANK" not in environ:
+        environ.update(layout)
+
+
 def launch(cfg: RunConfig, run_dir: Path) -> float | None:
     """Run the job and return rank 0's result (the monitored metric, for sweepers)."""
+    from app.slurm import requeued
+
+    adopt_slurm_layout()  # a submitit job does not pass through app.__main__
+    if cfg.resume is None and requeued(os.environ):
+        log.info("SLURM requeued this job: resume=auto (its newest valid checkpoint, if any)")
+        cfg.resume = "auto"
     world = launched_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
     validate(cfg, launched=(world, local_world) if world is not None else None)

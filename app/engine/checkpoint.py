@@ -161,9 +161,13 @@ class CheckpointPolicy:
             log.info("cut %s back to step %d", path, manifest.step)
 
 
-def tracker_kwargs(manifest: Manifest | None) -> dict[str, Any]:
-    """Tracker options for a resumed run: TensorBoard hides the interrupted run's later events."""
-    return {"tensorboard": {"purge_step": manifest.step + 1}} if manifest is not None else {}
+def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[str, Any]:
+    """Tracker options: a resumed run's TensorBoard hides the interrupted run's later events; wandb
+    puts the run in ``group`` (a sweep's jobs share one)."""
+    kwargs: dict[str, Any] = {"tensorboard": {"purge_step": manifest.step + 1}} if manifest is not None else {}
+    if group is not None:
+        kwargs["wandb"] = {"group": group}
+    return kwargs
 
 
 @contextlib.contextmanager

@@ -27,6 +27,9 @@ from app.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
+NON_FINITE_LOSS = "training loss is"
+"""How a stop reason for a NaN/infinite loss begins (a run that ends so is no result for a sweep)."""
+
 
 @dataclass
 class LoopState:
@@ -202,7 +205,7 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 state.loss_batches = 0
                 window_start, window_samples = time.perf_counter(), 0
                 if cfg.early_stopping.stop_on_nan and not math.isfinite(loss):
-                    state.stop_reason = f"training loss is {loss} at step {state.global_step}"
+                    state.stop_reason = f"{NON_FINITE_LOSS} {loss} at step {state.global_step}"
                     acc.set_trigger()
 
             if eval_every is not None and state.global_step % eval_every == 0:

@@ -1,0 +1,51 @@
+"""``<run folder>/result.json``: how a run ended, written last by the main process.
+
+A sweep's report reads it to tell the jobs apart (finished, ended on a non-finite loss, failed);
+a folder without it was interrupted (killed, preempted) or never started. A resumed sweep reads the
+objective of a finished job back from it instead of training the job again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+RESULT_FILE = "result.json"
+
+FINISHED = "finished"
+"""Training ended normally (steps, epochs or early stopping); ``best`` is the objective."""
+NAN = "nan"
+"""Stopped because the training loss was not finite: reported to a search as a failed trial."""
+FAILED = "failed"
+"""An exception ended the run."""
+INTERRUPTED = "interrupted"
+"""Stopped from outside (a signal, Ctrl-C); also what a folder without result.json means."""
+
+
+def write_result(run_dir: Path, **fields: Any) -> None:
+    """Write result.json atomically (a killed writer leaves the old file or none, never half of one)."""
+    # JSON has no NaN: a value that is not finite is written as null.
+    plain = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
+    temporary = run_dir / f".{RESULT_FILE}.tmp"
+    temporary.write_text(json.dumps(plain, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(temporary, run_dir / RESULT_FILE)
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """result.json as a dict, or None when the run left none (or an unreadable one)."""
+    try:
+        loaded = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+def objective(best: float | None, status: str) -> float:
+    """What a sweeper optimises: the best monitored value of a finished run, NaN otherwise (Optuna
+    records a NaN as a failed trial, never as a winning number)."""
+    if status != FINISHED or best is None or not math.isfinite(best):
+        return math.nan
+    return float(best)

@@ -1,0 +1,151 @@
+"""Read what a sweep's jobs left on disk: each job folder's ``.hydra/``, ``metrics.jsonl`` and
+``result.json`` become one :class:`JobRow`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.engine.result import FINISHED, INTERRUPTED, read_result
+
+MISSING_RESULT = INTERRUPTED
+"""A job folder without result.json: killed, preempted, or still running."""
+
+
+@dataclass
+class JobRow:
+    folder: Path
+    job: int | None
+    overrides: list[str]
+    status: str
+    monitor: str
+    mode: str
+    """min or max: which way the monitored metric improves."""
+    best: float | None
+    best_step: int | None
+    steps: int | None
+    wall_time_s: float | None
+    final: dict[str, float] = field(default_factory=dict)
+    """The last evaluation's metrics."""
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    """The monitored metric at each evaluation."""
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    """train/loss at each log line."""
+
+    @property
+    def params(self) -> dict[str, str]:
+        """The job's overrides as key -> value (what a sweep varies)."""
+        return dict(o.lstrip("+~").split("=", 1) for o in self.overrides if "=" in o)
+
+    def objective(self) -> float | None:
+        """The best monitored value of a finished job, for ranking; None for a job that failed, ended
+        on a NaN loss or did not finish (they never win a sweep)."""
+        if self.status != FINISHED or self.best is None or not math.isfinite(self.best):
+            return None
+        return self.best
+
+
+def _yaml(path: Path) -> Any:
+    import yaml  # type: ignore[import-untyped]
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _number(value: Any) -> float | None:
+    """A metric value as a float; metrics.jsonl writes NaN and infinities as strings."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def read_events(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "metrics.jsonl"
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill
+    return events
+
+
+def job_folders(sweep_dir: Path) -> list[Path]:
+    """The job folders of a sweep: those where Hydra saved a job's overrides (any depth, since
+    ``hydra.sweep.subdir`` may nest them)."""
+    found = [p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")]
+    return [f for f in found if f != sweep_dir and "checkpoints" not in f.relative_to(sweep_dir).parts]
+
+
+def read_job(folder: Path) -> JobRow:
+    overrides = _yaml(folder / ".hydra" / "overrides.yaml") or []
+    config = _yaml(folder / ".hydra" / "config.yaml") or {}
+    hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    result = read_result(folder) or {}
+    stopping = config.get("early_stopping", {}) if isinstance(config, dict) else {}
+    monitor = str(result.get("monitor") or stopping.get("monitor", "eval/accuracy"))
+    mode = str(result.get("mode") or stopping.get("mode", "max"))
+    job = hydra.get("job", {}).get("num") if isinstance(hydra, dict) else None
+    if job is None and folder.name.isdigit():
+        job = int(folder.name)
+
+    events = read_events(folder)
+    curve = [(int(e["step"]), v) for e in events if (v := _number(e.get(monitor))) is not None]
+    losses = [(int(e["step"]), v) for e in events if (v := _number(e.get("train/loss"))) is not None]
+    evaluations = [e for e in events if monitor in e]
+    finite = [(step, v) for step, v in curve if math.isfinite(v)]
+    best_step, best = (None, None)
+    if finite:
+        # The first evaluation that reached the best value (early stopping keeps the first too).
+        pick = max if mode == "max" else min
+        best = pick(v for _, v in finite)
+        best_step = next(step for step, v in finite if v == best)
+    final = {k: v for k, v in evaluations[-1].items() if k not in ("step", "epoch")} if evaluations else {}
+    steps = result.get("steps")
+    if steps is None and events:
+        steps = max(int(e["step"]) for e in events if e.get("step") is not None)
+    return JobRow(
+        folder=folder, job=int(job) if job is not None else None, overrides=[str(o) for o in overrides],
+        status=str(result.get("status", MISSING_RESULT)), monitor=monitor, mode=mode, best=best,
+        best_step=best_step, steps=steps, wall_time_s=result.get("wall_time_s"),
+        final={k: f for k, v in final.items() if (f := _number(v)) is not None}, curve=curve, losses=losses,
+    )
+
+
+def read_sweep(sweep_dir: Path) -> list[JobRow]:
+    rows = [read_job(f) for f in job_folders(sweep_dir)]
+    return sorted(rows, key=lambda r: (r.job is None, r.job if r.job is not None else 0, str(r.folder)))
+
+
+def swept_keys(rows: list[JobRow]) -> list[str]:
+    """Override keys whose value differs between jobs (or that only some jobs set), in the order
+    they first appear."""
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row.params if k not in keys]
+    return [k for k in keys if len({row.params.get(k) for row in rows}) > 1]
+
+
+def ranked(rows: list[JobRow]) -> list[JobRow]:
+    """Best first by the objective (direction from early_stopping.mode); jobs without one last."""
+    def key(row: JobRow) -> tuple[int, float]:
+        value = row.objective()
+        if value is None:
+            return (1, 0.0)
+        return (0, -value if row.mode == "max" else value)
+
+    return sorted(rows, key=key)
+
+
+def best_row(rows: list[JobRow]) -> JobRow | None:
+    """The finished job with the best objective."""
+    finished = [r for r in ranked(rows) if r.objective() is not None]
+    return finished[0] if finished else None

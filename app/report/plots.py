@@ -1,0 +1,116 @@
+"""``sweep.png`` (each job's monitored metric against steps; the objective against each swept
+parameter) and a single run's ``report.png`` (its loss and evaluation metrics against steps)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from app.report.collect import JobRow, best_row, read_events, swept_keys
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on a cluster node
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _as_number(value: str) -> float | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def plot_sweep(rows: list[JobRow], path: Path) -> None:
+    plt = _pyplot()
+    keys = swept_keys(rows)
+    best = best_row(rows)
+    monitor = rows[0].monitor if rows else "metric"
+    panels = 1 + len(keys)
+    columns = min(3, panels)
+    grid_rows = math.ceil(panels / columns)
+    fig, grid = plt.subplots(grid_rows, columns, figsize=(5.2 * columns, 3.9 * grid_rows), squeeze=False)
+    axes = [ax for row in grid for ax in row]
+    for unused in axes[panels:]:
+        unused.set_visible(False)
+    curves = axes[0]
+    for row in rows:
+        if not row.curve:
+            continue
+        steps, metric = zip(*row.curve)
+        is_best = row is best
+        curves.plot(steps, metric, marker=".", linewidth=2.6 if is_best else 1.0, alpha=1.0 if is_best else 0.7,
+                    label=f"job {row.job}{' (best)' if is_best else ''}" + ("" if row.status == "finished"
+                                                                             else f" [{row.status}]"))
+    curves.set_xlabel("optimizer step")
+    curves.set_ylabel(monitor)
+    curves.set_title(f"{monitor} per job")
+    curves.grid(alpha=0.3)
+    if len(rows) <= 12:
+        curves.legend(fontsize=7)
+
+    finished = [r for r in rows if r.objective() is not None]
+    left_out = len(rows) - len(finished)
+    for ax, key in zip(axes[1:], keys):
+        values = [r.params.get(key, "") for r in finished]
+        numbers = [_as_number(v) for v in values]
+        objectives = [r.objective() for r in finished]
+        if all(n is not None for n in numbers):
+            xs: list[Any] = numbers
+            positive = [n for n in numbers if n is not None and n > 0]
+            if len(positive) == len(numbers) and positive and max(positive) / min(positive) >= 20:
+                ax.set_xscale("log")
+        else:  # categories: one position each, labelled
+            labels = sorted(set(values))
+            xs = [labels.index(v) for v in values]
+            ax.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
+        ax.scatter(xs, objectives, s=30, color="tab:blue")
+        for row, x, y in zip(finished, xs, objectives):
+            if row is best:
+                ax.scatter([x], [y], s=160, marker="*", color="tab:red", zorder=3, label=f"best (job {row.job})")
+            ax.annotate(str(row.job), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
+        ax.set_xlabel(key)
+        ax.set_ylabel(f"best {monitor}")
+        ax.set_title(f"objective vs {key}" + (f" ({left_out} unfinished/failed not shown)" if left_out else ""),
+                     fontsize=9)
+        ax.grid(alpha=0.3)
+        if best is not None:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_run(folder: Path, path: Path) -> None:
+    """train/loss and every evaluation metric of one run folder against steps."""
+    plt = _pyplot()
+    events = read_events(folder)
+    names = sorted({k for e in events for k in e if k.startswith("eval/") and k != "eval/num_samples"})
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.0))
+    loss = [(e["step"], float(e["train/loss"])) for e in events if "train/loss" in e]
+    if loss:
+        axes[0].plot(*zip(*loss), label="train/loss")
+    eval_loss = [(e["step"], float(e["eval/loss"])) for e in events if "eval/loss" in e]
+    if eval_loss:
+        axes[0].plot(*zip(*eval_loss), marker=".", label="eval/loss")
+    axes[0].set_title("loss")
+    for name in names:
+        if name == "eval/loss":
+            continue
+        points = [(e["step"], float(e[name])) for e in events if name in e]
+        axes[1].plot(*zip(*points), marker=".", label=name)
+    axes[1].set_title("evaluation metrics")
+    for ax in axes:
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(str(folder), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

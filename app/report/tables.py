@@ -1,0 +1,70 @@
+"""``sweep.csv`` (every job, in job order) and ``sweep.md`` (ranked by the objective, best marked)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from app.report.collect import JobRow, best_row, ranked, swept_keys
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None:
+        return ""
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def _short(value: str) -> str:
+    """A swept value as a table shows it: 0.0013867767003062484 -> 0.001387."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return value if number.is_integer() or len(value) <= 8 else f"{number:.4g}"
+
+
+def write_csv(rows: list[JobRow], path: Path, sweep_dir: Path) -> None:
+    """One row per job: job number, overrides, status, best monitored value and its step, steps,
+    wall time, final metrics (``final/<name>``), run folder (relative to the sweep folder)."""
+    metric_names = sorted({name for row in rows for name in row.final})
+    header = ["job", "overrides", "status", "monitor", "best", "best_step", "steps", "wall_time_s",
+              *(f"final/{name}" for name in metric_names), "folder"]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow([
+                row.job, " ".join(row.overrides), row.status, row.monitor,
+                "" if row.best is None else repr(row.best), row.best_step, row.steps, row.wall_time_s,
+                *(row.final.get(name, "") for name in metric_names), row.folder.relative_to(sweep_dir),
+            ])
+
+
+def markdown(rows: list[JobRow], sweep_dir: Path) -> str:
+    """The jobs as a Markdown table, best first, the best finished job marked and named above it."""
+    keys = swept_keys(rows)
+    best = best_row(rows)
+    monitor = rows[0].monitor if rows else "?"
+    mode = rows[0].mode if rows else "max"
+    direction = "higher" if mode == "max" else "lower"
+    lines = [f"# Sweep {sweep_dir}", "",
+             f"{len(rows)} job(s); objective: best `{monitor}` ({direction} is better, early_stopping.mode={mode})."]
+    if best is not None:
+        params = ", ".join(f"{k}={_short(best.params.get(k, ''))}" for k in keys) or " ".join(best.overrides)
+        lines.append(f"**Best: job {best.job}** ({params}): {monitor} = {best.best!r} at step {best.best_step}.")
+    else:
+        lines.append("**No job finished with a finite objective.**")
+    lines += ["", "| rank | job | " + " | ".join(keys + ["status", f"best {monitor}", "best step", "steps",
+                                                        "wall s", "folder"]) + " |",
+              "|" + "---|" * (len(keys) + 8)]
+    for rank, row in enumerate(ranked(rows), start=1):
+        mark = " ★" if row is best else ""
+        cells = [f"{rank}{mark}", str(row.job), *(_short(row.params.get(k, "")) for k in keys), row.status,
+                 _fmt(row.best), _fmt(row.best_step), _fmt(row.steps), _fmt(row.wall_time_s, 3),
+                 str(row.folder.relative_to(sweep_dir))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(rows: list[JobRow], path: Path, sweep_dir: Path) -> None:
+    path.write_text(markdown(rows, sweep_dir), encoding="utf-8")

@@ -1,0 +1,55 @@
+"""A job that SLURM started as several tasks (``srun``, or ``hydra/launcher=slurm`` with one task per
+process): each task is one rank, its layout read from SLURM's variables and exported the way torchrun
+would, so the rest of the app treats it as a torchrun rank (one run folder, rank 0 writes it).
+
+- RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
+  LOCAL_WORLD_SIZE = SLURM_NTASKS_PER_NODE (its first number: "4(x2)" -> 4), GROUP_RANK = SLURM_NODEID;
+- MASTER_ADDR = the first host of SLURM_JOB_NODELIST ("gpu[07-09,12]" -> gpu07), MASTER_PORT =
+  a port derived from SLURM_JOB_ID (every task computes the same one), unless already set.
+
+A job SLURM requeued (preemption, or a time limit with ``max_num_timeout``) continues from its newest
+valid checkpoint: SLURM_RESTART_COUNT > 0 turns ``resume: null`` into ``resume=auto``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+_FIRST_NUMBER = re.compile(r"\d+")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``a[07-09,12],b3`` -> ``a07``; ``n1,n2`` -> ``n1``."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if match is None:
+        raise ValueError(f"cannot read a host from SLURM node list {nodelist!r}.")
+    prefix, ranges = match.group(1), match.group(2)
+    if ranges is None:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def slurm_layout(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """torch.distributed's variables for this SLURM task; None outside a SLURM step of 2+ tasks."""
+    if "SLURM_PROCID" not in environ or int(environ.get("SLURM_NTASKS", "1")) < 2:
+        return None
+    ntasks = int(environ["SLURM_NTASKS"])
+    per_node_text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or str(ntasks)
+    per_node = _FIRST_NUMBER.search(per_node_text)
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "localhost"
+    port = environ.get("MASTER_PORT") or str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
+    return {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": str(ntasks),
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "LOCAL_WORLD_SIZE": per_node.group(0) if per_node else str(ntasks),
+        "GROUP_RANK": environ.get("SLURM_NODEID", "0"),
+        "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
+        "MASTER_PORT": port,
+    }
+
+
+def requeued(environ: Mapping[str, str]) -> bool:
+    """Whether SLURM started this job again (after a preemption or a time limit)."""
+    return int(environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0

@@ -1,0 +1,1 @@
+"""The app's Hydra sweeper plugins (see resumable.py)."""
