@@ -29,35 +29,30 @@ def report(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_grid_sweep_report_ranks_jobs_and_a_nan_job_never_wins(tmp_path: Path) -> None:
+def test_a_nan_job_is_reported_as_such_and_never_wins(tmp_path: Path) -> None:
+    # Two real runs in a folder laid out as Hydra lays out a sweep; lr 1e30 without clipping: the loss
+    # is NaN by the first log line.
+    from app.engine.run import run
+    from app.report import write_sweep_report
+    from tests.conftest import compose_many
+
     sweep = tmp_path / "sweep"
-    # lr 1e30 without clipping: the loss is NaN by the first log line.
-    run_app("-m", "optim=sgd", "optim.lr=0.1,1e30", "trainer.max_grad_norm=null", f"hydra.sweep.dir={sweep}",
-            *TINY, cwd=tmp_path, check=True)
-    rows = read_csv(sweep)
-    assert [(r["job"], r["status"], r["folder"]) for r in rows] == [("0", "finished", "0"), ("1", "nan", "1")]
-    assert rows[0]["overrides"].startswith("optim=sgd optim.lr=0.1 ")
-    assert rows[0]["steps"] == "10" and rows[0]["best_step"] in ("5", "10")
-    assert float(rows[0]["best"]) == float(rows[0]["final/eval/accuracy"]) or rows[0]["best_step"] == "5"
+    jobs = [["optim=sgd", "optim.lr=0.1"], ["optim=sgd", "optim.lr=1e30"]]
+    for number, (overrides, cfg) in enumerate(zip(jobs, compose_many(
+            [[*o, "trainer.max_grad_norm=null", *TINY, "trainer.max_steps=5"] for o in jobs]))):
+        (sweep / str(number) / ".hydra").mkdir(parents=True)
+        (sweep / str(number) / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+        returned = run(cfg, sweep / str(number))
+        assert math.isnan(returned) == (number == 1)
     result = yaml.safe_load((sweep / "1" / "result.json").read_text())
-    assert result["status"] == "nan" and result["objective"] is None
+    assert result["status"] == "nan" and result["objective"] is None and result["steps"] == 5
+    assert yaml.safe_load((sweep / "0" / "result.json").read_text())["status"] == "finished"
+
+    write_sweep_report(sweep)
+    assert [(r["job"], r["status"]) for r in read_csv(sweep)] == [("0", "finished"), ("1", "nan")]
     markdown = (sweep / "sweep.md").read_text()
     assert "**Best: job 0** (optim.lr=0.1)" in markdown
     assert markdown.index("| 1 ★ | 0 |") < markdown.index("| 2 | 1 |")
-    assert (sweep / "sweep.png").stat().st_size > 10_000
-
-    # python -m app.report rebuilds the same report, and plots a single run.
-    before = (sweep / "sweep.csv").read_text()
-    for name in ("sweep.csv", "sweep.md", "sweep.png"):
-        (sweep / name).unlink()
-    assert report(str(sweep), cwd=tmp_path).returncode == 0
-    assert (sweep / "sweep.csv").read_text() == before and (sweep / "sweep.png").exists()
-    assert report(str(sweep / "0"), cwd=tmp_path).returncode == 0
-    assert (sweep / "0" / "report.png").exists()
-    refused = report(str(tmp_path / "nothing"), cwd=tmp_path)
-    assert refused.returncode == 2 and refused.stderr.startswith("error: ")
 
 
 @pytest.mark.slow
@@ -127,3 +122,136 @@ def test_sweep_configs_compose(tmp_path: Path) -> None:
     assert sweeper["direction"] == "max" and sweeper["storage"].endswith("/optuna.db")
     assert launcher["tasks_per_node"] == 2 and launcher["max_num_timeout"] > 0
     assert REPO.joinpath("conf", "hparams_search", "digits_optuna.yaml").exists()
+
+
+# -- resuming a killed sweep ---------------------------------------------------------------------------
+
+GRID = ("-m", "optim.lr=1e-3,2e-3,3e-3,4e-3", "trainer.max_steps=30", "checkpoint.every_n_steps=5",
+        "trainer.eval_every_n_steps=10", "trainer.log_every_n_steps=5", "early_stopping.patience=null",
+        "logging.progress_bar=false", "logging.trackers=[]")
+
+
+def files(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under a folder with its mtime (ns) and bytes."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def kill_sweep_during_job(cwd: Path, job: Path, *args: str) -> None:
+    """SIGKILL the sweep's process group once ``job`` has a complete checkpoint (mid-job)."""
+    import os
+    import signal
+    import time
+
+    from app.distributed.checkpoint_store import complete_checkpoints
+
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        if (job / "checkpoints").exists() and complete_checkpoints(job / "checkpoints"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, "the sweep ended before its third job could be killed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_killed_grid_sweep_resumes_skipping_finished_jobs_and_ends_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    kill_sweep_during_job(tmp_path, sweep / "2", *GRID, f"hydra.sweep.dir={sweep}")
+    assert not (sweep / "2" / "result.json").exists() and not (sweep / "3").exists()
+    finished = {job: files(sweep / job) for job in ("0", "1")}
+    assert all("result.json" in f and "model/model.safetensors" in f for f in finished.values())
+
+    run_app(*GRID, f"hydra.sweep.dir={sweep}", "resume=auto", cwd=tmp_path, timeout=300, check=True)
+    for job, before in finished.items():
+        assert files(sweep / job) == before, f"job {job} was touched"
+    log = (sweep / "2" / "app.log").read_text()
+    assert "resumed from" in log and "checkpoint_" in log
+    rows = read_csv(sweep)
+    assert [(r["job"], r["status"], r["steps"]) for r in rows] == [(str(j), "finished", "30") for j in range(4)]
+    best = max(rows, key=lambda r: float(r["best"]))
+    assert f"**Best: job {best['job']}**" in (sweep / "sweep.md").read_text()
+    assert (sweep / "sweep.png").stat().st_size > 10_000
+    steps = [e["step"] for e in map(yaml.safe_load, (sweep / "2" / "metrics.jsonl").read_text().splitlines())
+             if "train/loss" in e]
+    assert steps == [5, 10, 15, 20, 25, 30]  # cut back to the checkpoint: no step twice
+
+    # python -m app.report rebuilds the same report, and plots a single run.
+    before = (sweep / "sweep.csv").read_text()
+    for name in ("sweep.csv", "sweep.md", "sweep.png"):
+        (sweep / name).unlink()
+    assert report(str(sweep), cwd=tmp_path).returncode == 0
+    assert (sweep / "sweep.csv").read_text() == before and (sweep / "sweep.png").exists()
+    assert report(str(sweep / "3"), cwd=tmp_path).returncode == 0
+    assert (sweep / "3" / "report.png").exists()
+    refused = report(str(tmp_path / "nothing"), cwd=tmp_path)
+    assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+
+    # The interrupted job ends with the weights of the same job run without interruption.
+    reference = tmp_path / "reference"
+    overrides = yaml.safe_load((sweep / "2" / ".hydra" / "overrides.yaml").read_text())
+    run_app(*overrides, f"hydra.run.dir={reference}", cwd=tmp_path, timeout=200, check=True)
+    weights = "model/model.safetensors"
+    assert (sweep / "2" / weights).read_bytes() == (reference / weights).read_bytes()
+
+
+# -- submitit and SLURM ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(400)
+def test_submitit_runs_two_process_jobs_each_in_one_folder_with_a_report(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    run_app("-m", "hydra/launcher=submitit_local", "hardware=multi_cpu", "hardware.num_processes=2",
+            "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}", *TINY, cwd=tmp_path, timeout=380, check=True)
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")) == ["0", "1"]
+    for job in ("0", "1"):
+        assert [p.relative_to(sweep).as_posix() for p in sweep.rglob("metrics.jsonl")].count(f"{job}/metrics.jsonl") == 1
+        steps = [e["step"] for e in map(yaml.safe_load, (sweep / job / "metrics.jsonl").read_text().splitlines())
+                 if "train/loss" in e]
+        assert steps == [5, 10]  # written once, by rank 0
+    assert len(list(sweep.rglob("metrics.jsonl"))) == 2
+    assert [r["status"] for r in read_csv(sweep)] == ["finished", "finished"]
+    assert (sweep / "sweep.png").exists() and "**Best: job" in (sweep / "sweep.md").read_text()
+
+
+def test_slurm_task_layout_and_first_host() -> None:
+    from app.slurm import first_host, requeued, slurm_layout
+
+    assert first_host("gpu[07-09,12],cpu3") == "gpu07" and first_host("n1,n2") == "n1" and first_host("solo") == "solo"
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)",
+           "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[3-4]", "SLURM_JOB_ID": "123456"}
+    assert slurm_layout(env) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                                 "GROUP_RANK": "1", "MASTER_ADDR": "node3", "MASTER_PORT": str(20000 + 123456 % 20000)}
+    assert slurm_layout({**env, "SLURM_NTASKS": "1"}) is None and slurm_layout({}) is None
+    assert requeued({"SLURM_RESTART_COUNT": "1"}) and not requeued({})
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) -> None:
+    # What srun -n 2 starts: two processes that only differ in SLURM_PROCID / SLURM_LOCALID.
+    import os
+
+    from app.launch import free_port
+
+    run = tmp_path / "run"
+    base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_JOB_ID": "1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "app", "hardware=multi_cpu", "hardware.num_processes=2",
+                               f"hydra.run.dir={run}", *TINY], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)})
+             for rank in (0, 1)]
+    outputs = [p.communicate(timeout=200)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert "2 process(es) on cpu" in outputs[0]  # one job of two ranks, not two jobs
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+    assert yaml.safe_load((run / "result.json").read_text())["status"] == "finished"
+    steps = [e["step"] for e in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines())
+             if "train/loss" in e]
+    assert steps == [5, 10]
