@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.cuda import CUDA, gpu_count, require_gpu_per_process, visible_gpus
-from app.distributed.hardware.device import CPU
+from app.distributed.hardware.device import CPU, DeviceOps
 from app.distributed.hardware.spec import Launched, MultiProcessSpec, Visible
 
 if TYPE_CHECKING:
@@ -21,7 +21,7 @@ class FsdpSpec(MultiProcessSpec):
         return visible_gpus()
 
     def device_type(self, visible: Visible) -> str:
-        return (CUDA if gpu_count(visible) > 0 else CPU).type
+        return _device_ops(visible).type
 
     def validate(self, cfg: RunConfig, visible: Visible, launched: Launched) -> None:
         if cfg.trainer.ema_decay is not None:
@@ -38,8 +38,12 @@ class FsdpSpec(MultiProcessSpec):
         return False  # only chosen by the config
 
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.hardware.registry import device_ops
         from app.distributed.torch_distributed import FSDPBackend
 
-        return FSDPBackend.from_environment(device_ops(self.device_type(self.probe())), timeout_s=hw.collective_timeout_s,
+        return FSDPBackend.from_environment(_device_ops(self.probe()), timeout_s=hw.collective_timeout_s,
                                             reshard_after_forward=hw.fsdp_reshard_after_forward)
+
+
+def _device_ops(visible: Visible) -> DeviceOps:
+    """nccl on the GPUs when there are any, else gloo on the CPUs."""
+    return CUDA if gpu_count(visible) > 0 else CPU
