@@ -125,12 +125,16 @@ def read_sweep(sweep_dir: Path) -> list[JobRow]:
     return sorted(rows, key=lambda r: (r.job is None, r.job if r.job is not None else 0, str(r.folder)))
 
 
+NOT_SWEPT = ("resume",)
+"""Keys that differ between jobs without being searched (a resumed sweep's later jobs have resume=auto)."""
+
+
 def swept_keys(rows: list[JobRow]) -> list[str]:
     """Override keys whose value differs between jobs (or that only some jobs set), in the order
     they first appear."""
     keys: list[str] = []
     for row in rows:
-        keys += [k for k in row.params if k not in keys]
+        keys += [k for k in row.params if k not in keys and k not in NOT_SWEPT]
     return [k for k in keys if len({row.params.get(k) for row in rows}) > 1]
 
 
