@@ -255,3 +255,10 @@ def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) 
     steps = [e["step"] for e in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines())
              if "train/loss" in e]
     assert steps == [5, 10]
+
+
+def test_a_sweeps_jobs_share_a_wandb_group() -> None:
+    from app.engine.checkpoint import tracker_kwargs
+
+    assert tracker_kwargs(None, "outputs/multirun/x") == {"wandb": {"group": "outputs/multirun/x"}}
+    assert tracker_kwargs(None) == {}

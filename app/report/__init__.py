@@ -67,5 +67,9 @@ class SweepReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        written = write_sweep_report(sweep_dir)
+        try:
+            written = write_sweep_report(sweep_dir)
+        except NotAReportFolder as err:  # no job got as far as its folder: nothing to report
+            log.warning("no sweep report: %s", err)
+            return
         log.info("sweep report: %s", ", ".join(str(p) for p in written))
