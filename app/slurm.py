@@ -2,10 +2,15 @@
 process): each task is one rank, its layout read from SLURM's variables and exported the way torchrun
 would, so the rest of the app treats it as a torchrun rank (one run folder, rank 0 writes it).
 
-- RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID,
-  LOCAL_WORLD_SIZE = SLURM_NTASKS_PER_NODE (its first number: "4(x2)" -> 4), GROUP_RANK = SLURM_NODEID;
-- MASTER_ADDR = the first host of SLURM_JOB_NODELIST ("gpu[07-09,12]" -> gpu07), MASTER_PORT =
+- RANK = SLURM_PROCID, WORLD_SIZE = SLURM_STEP_NUM_TASKS (else SLURM_NTASKS), LOCAL_RANK =
+  SLURM_LOCALID, LOCAL_WORLD_SIZE = the tasks on this node (SLURM_STEP_TASKS_PER_NODE,
+  SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE; its first number: "4(x2)" -> 4), GROUP_RANK =
+  SLURM_NODEID;
+- MASTER_ADDR = the first host of the step's node list ("gpu[07-09,12]" -> gpu07), MASTER_PORT =
   a port derived from SLURM_JOB_ID (every task computes the same one), unless already set.
+
+Only inside a step that srun started (SLURM_STEP_NUM_TASKS is set): a batch script also sees
+SLURM_PROCID=0 and SLURM_NTASKS, but it is one process, which must start its workers itself.
 
 A job SLURM requeued (preemption, or a time limit with ``max_num_timeout``) continues from its newest
 valid checkpoint: SLURM_RESTART_COUNT > 0 turns ``resume: null`` into ``resume=auto``.
@@ -31,13 +36,17 @@ def first_host(nodelist: str) -> str:
 
 
 def slurm_layout(environ: Mapping[str, str]) -> dict[str, str] | None:
-    """torch.distributed's variables for this SLURM task; None outside a SLURM step of 2+ tasks."""
-    if "SLURM_PROCID" not in environ or int(environ.get("SLURM_NTASKS", "1")) < 2:
+    """torch.distributed's variables for this SLURM task; None outside an srun step of 2+ tasks."""
+    if "SLURM_PROCID" not in environ or "SLURM_STEP_NUM_TASKS" not in environ:
         return None
-    ntasks = int(environ["SLURM_NTASKS"])
-    per_node_text = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or str(ntasks)
+    ntasks = int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or 1)
+    if ntasks < 2:
+        return None
+    per_node_text = next((environ[k] for k in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                                               "SLURM_TASKS_PER_NODE") if environ.get(k)), str(ntasks))
     per_node = _FIRST_NUMBER.search(per_node_text)
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "localhost"
+    nodelist = next((environ[k] for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+                     if environ.get(k)), "localhost")
     port = environ.get("MASTER_PORT") or str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000)
     return {
         "RANK": environ["SLURM_PROCID"],

@@ -222,11 +222,14 @@ def test_slurm_task_layout_and_first_host() -> None:
     from app.slurm import first_host, requeued, slurm_layout
 
     assert first_host("gpu[07-09,12],cpu3") == "gpu07" and first_host("n1,n2") == "n1" and first_host("solo") == "solo"
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)",
-           "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[3-4]", "SLURM_JOB_ID": "123456"}
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+           "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "node[3-4]",
+           "SLURM_JOB_ID": "123456"}
     assert slurm_layout(env) == {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
                                  "GROUP_RANK": "1", "MASTER_ADDR": "node3", "MASTER_PORT": str(20000 + 123456 % 20000)}
-    assert slurm_layout({**env, "SLURM_NTASKS": "1"}) is None and slurm_layout({}) is None
+    assert slurm_layout({**env, "SLURM_STEP_NUM_TASKS": "1"}) is None and slurm_layout({}) is None
+    # A batch script sees SLURM_PROCID=0 and SLURM_NTASKS too, but it is one process, not a rank.
+    assert slurm_layout({k: v for k, v in env.items() if k != "SLURM_STEP_NUM_TASKS"}) is None
     assert requeued({"SLURM_RESTART_COUNT": "1"}) and not requeued({})
 
 
@@ -240,7 +243,7 @@ def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) 
     from app.launch import free_port
 
     run = tmp_path / "run"
-    base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost",
+    base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost",
             "SLURM_JOB_ID": "1", "MASTER_PORT": str(free_port()), "PYTHONUNBUFFERED": "1"}
     procs = [subprocess.Popen([sys.executable, "-m", "app", "hardware=multi_cpu", "hardware.num_processes=2",
                                f"hydra.run.dir={run}", *TINY], cwd=tmp_path, stdout=subprocess.PIPE,

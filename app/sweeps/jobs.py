@@ -24,15 +24,24 @@ from app.engine.result import FINISHED, NAN, read_result
 
 log = logging.getLogger(__name__)
 
-RESUME_AUTO = "resume=auto"
 
 
 class SweepResumeError(RuntimeError):
     """The sweep folder holds other jobs than this command's; the message says what to do."""
 
 
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def _comparable(overrides: Sequence[str]) -> list[str]:
-    return sorted(o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "resume")
+    return sorted(o for o in overrides if _key(o) != "resume")
+
+
+def resumes(overrides: Sequence[str]) -> bool:
+    """Whether the job's overrides say resume=auto (quoted or not)."""
+    values = [o.split("=", 1)[1].strip("'\"") for o in overrides if _key(o) == "resume" and "=" in o]
+    return bool(values) and values[-1] == "auto"
 
 
 class NumberedJobs:
@@ -53,7 +62,7 @@ class NumberedJobs:
 
     def finished(self, number: int, overrides: Sequence[str]) -> JobReturn | None:
         """The read-back result of a job this resumed sweep finished before; None: launch it."""
-        if RESUME_AUTO not in overrides:
+        if not resumes(overrides):
             return None
         folder = self.job_folder(number, overrides)
         result = read_result(folder)
