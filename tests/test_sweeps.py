@@ -271,3 +271,21 @@ def test_a_sweeps_jobs_share_a_wandb_group() -> None:
 
     assert tracker_kwargs(None, "outputs/multirun/x") == {"wandb": {"group": "outputs/multirun/x"}}
     assert tracker_kwargs(None) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_optuna_trial_left_running_is_launched_again_under_its_number(tmp_path: Path) -> None:
+    # What a killed search leaves in its study: a trial asked (RUNNING) whose job never reported.
+    import optuna
+
+    sweep = tmp_path / "search"
+    sweep.mkdir()
+    study = optuna.create_study(study_name="app", storage=f"sqlite:///{sweep}/optuna.db", direction="maximize")
+    lr = study.ask().suggest_float("optim.lr", 1e-3, 1e-2, log=True)
+    run_app("-m", "hparams_search=digits_optuna", "hydra.sweeper.n_trials=1", f"hydra.sweep.dir={sweep}",
+            "resume=auto", *TINY, cwd=tmp_path, timeout=200, check=True)
+    trials = optuna.load_study(study_name="app", storage=f"sqlite:///{sweep}/optuna.db").trials
+    assert [(t.number, t.state) for t in trials] == [(0, optuna.trial.TrialState.COMPLETE)]  # no new trial
+    assert f"optim.lr={lr}" in (sweep / "0" / ".hydra" / "overrides.yaml").read_text()
+    assert trials[0].value == float(read_csv(sweep)[0]["best"])
