@@ -57,7 +57,7 @@ def test_a_nan_job_is_reported_as_such_and_never_wins(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_optuna_search_on_parallel_jobs_reports_the_best_trial_and_continues_its_study(tmp_path: Path) -> None:
+def test_optuna_search_on_parallel_jobs_reports_the_best_trial(tmp_path: Path) -> None:
     import optuna
 
     sweep = tmp_path / "search"
@@ -74,16 +74,8 @@ def test_optuna_search_on_parallel_jobs_reports_the_best_trial_and_continues_its
     assert f"**Best: job {results['best_trial']}**" in (sweep / "sweep.md").read_text()
     assert results["best_trial"] == int(best["job"])
 
-    # A larger n_trials continues the stored study: one more trial, in its own folder (this time on
-    # Hydra's default launcher).
-    run_app(*args, "hydra.sweeper.n_trials=3", cwd=tmp_path, timeout=200, check=True)
-    study = optuna.load_study(study_name="app", storage=f"sqlite:///{sweep}/optuna.db")
-    assert [t.number for t in study.trials] == [0, 1, 2]
-    assert study.direction == optuna.study.StudyDirection.MAXIMIZE
-    assert [r["job"] for r in read_csv(sweep)] == ["0", "1", "2"]
-    params = study.trials[2].params
-    overrides = (sweep / "2" / ".hydra" / "overrides.yaml").read_text()
-    assert f"optim.lr={params['optim.lr']}" in overrides
+    study = optuna.load_study(study_name="app", storage=f"sqlite:///{sweep}/optuna.db")  # stored in the sweep
+    assert study.direction == optuna.study.StudyDirection.MAXIMIZE and len(study.trials) == 2
 
 
 def test_a_failed_or_nan_job_is_a_failed_optuna_trial(tmp_path: Path) -> None:
