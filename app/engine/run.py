@@ -28,9 +28,6 @@ def run(cfg: RunConfig, run_dir: Path) -> float:
     if not accelerator.is_main_process:
         # Logs and progress appear once, from the main process.
         logging.getLogger().setLevel(logging.WARNING)
-    if accelerator.is_main_process:
-        # A result from an earlier segment of this folder no longer describes it once training resumes.
-        (run_dir / RESULT_FILE).unlink(missing_ok=True)
     stopper = build_early_stopping(cfg)
     state = LoopState()
 
@@ -44,6 +41,10 @@ def run(cfg: RunConfig, run_dir: Path) -> float:
         components = build_components(cfg, accelerator)
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
+        if accelerator.is_main_process:
+            # An earlier segment's result no longer describes the folder once training goes on (a
+            # refused resume, above, leaves the folder as it was).
+            (run_dir / RESULT_FILE).unlink(missing_ok=True)
         with preserved_rng(accelerator.backend):
             accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
                                       init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
