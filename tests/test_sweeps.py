@@ -195,6 +195,14 @@ def test_killed_grid_sweep_resumes_skipping_finished_jobs_and_ends_like_an_unint
 
     assert logged(sweep / "2") == logged(reference)  # so its row of the table is the uninterrupted one
 
+    # Another grid into the same folder is refused before anything is written: resuming would continue
+    # the other jobs' checkpoints with this sweep's settings.
+    before = files(sweep)
+    other = [a.replace("optim.lr=1e-3,2e-3,3e-3,4e-3", "optim.lr=5e-3,6e-3") for a in GRID]
+    refused = run_app(*other, f"hydra.sweep.dir={sweep}", "resume=auto", cwd=tmp_path, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].startswith("error: job 0's folder")
+    assert files(sweep) == before
+
 
 # -- submitit and SLURM ----------------------------------------------------------------------------------
 

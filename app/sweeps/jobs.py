@@ -60,22 +60,28 @@ class NumberedJobs:
             job_cfg.hydra.job.id = f"job_id_for_{number}"
         return Path(str(job_cfg.hydra.sweep.dir)) / str(OmegaConf.select(job_cfg, "hydra.sweep.subdir"))
 
-    def finished(self, number: int, overrides: Sequence[str]) -> JobReturn | None:
-        """The read-back result of a job this resumed sweep finished before; None: launch it."""
-        if not resumes(overrides):
-            return None
-        folder = self.job_folder(number, overrides)
-        result = read_result(folder)
-        if result is None or result.get("status") not in (FINISHED, NAN):
-            return None
+    def check(self, number: int, overrides: Sequence[str]) -> Path:
+        """The job's folder; raises SweepResumeError when another job made it (resuming it would
+        continue that job's checkpoints with this job's settings)."""
         from app.engine.checkpoint_resume import original_overrides
 
+        folder = self.job_folder(number, overrides)
         recorded = original_overrides(folder)
-        if _comparable(recorded) != _comparable(overrides):
+        if recorded and _comparable(recorded) != _comparable(overrides):
             raise SweepResumeError(
                 f"job {number}'s folder {folder} was made by other overrides ({' '.join(recorded)}) than this "
                 f"sweep's ({' '.join(overrides)}); resume with the original command, or use a new hydra.sweep.dir."
             )
+        return folder
+
+    def finished(self, number: int, overrides: Sequence[str]) -> JobReturn | None:
+        """The read-back result of a job this resumed sweep finished before; None: launch it."""
+        if not resumes(overrides):
+            return None
+        folder = self.check(number, overrides)
+        result = read_result(folder)
+        if result is None or result.get("status") not in (FINISHED, NAN):
+            return None
         value = result.get("objective")
         log.info("job %d already %s in %s (%s = %s): not run again", number, result["status"], folder,
                  result.get("monitor"), value)

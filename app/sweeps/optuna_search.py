@@ -60,7 +60,8 @@ class OptunaSearch(OptunaSweeperImpl):
             distributions.pop(name, None)
         sweep_dir = Path(str(self.sweep_config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)  # the SQLite storage lives there
-        OmegaConf.save(self.sweep_config, sweep_dir / "multirun.yaml")
+        if not (sweep_dir / "multirun.yaml").exists():  # a continued study keeps its first command's
+            OmegaConf.save(self.sweep_config, sweep_dir / "multirun.yaml")
         directions = self._get_directions()
         study = optuna.create_study(study_name=self.study_name, storage=self.storage, sampler=self.sampler,
                                     directions=directions, load_if_exists=True)

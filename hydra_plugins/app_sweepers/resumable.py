@@ -10,6 +10,8 @@ The app is imported when a sweep starts, not when Hydra scans its plugins.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -18,7 +20,37 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
 
+def _refusing_bad_input(sweep: Callable[[list[str]], Any], arguments: list[str]) -> Any:
+    """A resumed sweep whose folder holds other jobs: one sentence and exit code 2, as for any bad input."""
+    from app.sweeps.jobs import SweepResumeError
+
+    try:
+        return sweep(arguments)
+    except SweepResumeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
 class ResumableBasicSweeper(BasicSweeper):
+    def sweep(self, arguments: list[str]) -> Any:
+        return _refusing_bad_input(self._checked_sweep, arguments)
+
+    def _checked_sweep(self, arguments: list[str]) -> Any:
+        """With resume=auto, every job folder is checked before the sweep writes anything (the basic
+        sweeper rewrites multirun.yaml first)."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        from app.sweeps.jobs import SkipFinishedLauncher, resumes
+
+        assert self.hydra_context is not None and isinstance(self.launcher, SkipFinishedLauncher)
+        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
+        batches = self.split_arguments(parser.parse_overrides(self._parse_config() + arguments), None)
+        jobs = [job for batch in batches for job in batch]
+        for number, overrides in enumerate(jobs):
+            if resumes(overrides):
+                self.launcher.jobs.check(number, overrides)
+        return super().sweep(arguments)
+
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
         from app.sweeps.jobs import SkipFinishedLauncher
 
@@ -37,4 +69,4 @@ class ResumableOptunaSweeper(Sweeper):
         self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
     def sweep(self, arguments: list[str]) -> Any:
-        return self.search.sweep(arguments)
+        return _refusing_bad_input(self.search.sweep, arguments)
