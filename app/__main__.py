@@ -8,10 +8,12 @@ torch's elastic launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -19,6 +21,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig, register_configs
+from app.run_folder import CLAIMS, claim_from_argv
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("app")
@@ -28,7 +31,8 @@ register_configs()
 
 def fail(message: str, exit_code: int = 2) -> None:
     """One sentence on stderr (and in the run's log), then a non-zero exit (2: bad input)."""
-    log.error(message)
+    if logging.getLogger().handlers:  # before Hydra set up logging, Python's fallback would print it twice
+        log.error(message)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(exit_code)
 
@@ -39,24 +43,72 @@ def main(dict_cfg: DictConfig) -> float | None:
         cfg: RunConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
     except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
         fail(f"invalid configuration: {err}".splitlines()[0])
+    if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
+        fail(f"unknown configuration key {unknown[0]} (added with +{unknown[0]}=...?); "
+             "python -m app --cfg job lists the keys.")
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if os.environ.get("RANK", "0") == "0":
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
-    if hydra_cfg.mode is RunMode.MULTIRUN and cfg.logging.group is None:
+    multirun = hydra_cfg.mode is RunMode.MULTIRUN
+    if multirun and cfg.logging.group is None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
+    from app.distributed.checkpoint_store import DISK_FULL_ERRNOS, DiskFullError
+    from app.engine.result import NAN, read_result
     from app.launch import launch
     from app.worker_errors import WorkerFailed
 
     try:
-        return launch(cfg, run_dir)
+        if int(os.environ.get("RANK", "0")) == 0:
+            CLAIMS.hold(run_dir)  # already held when the command line named the folder
+        result = launch(cfg, run_dir, hydra_record(dict_cfg) if CLAIMS.deferred_record else None)
+        ended = read_result(run_dir) or {}
+        if ended.get("status") == NAN:
+            # A diverged run exported nothing: said once, and not a success (a sweep goes on: the
+            # trial is recorded as "nan").
+            if not multirun:
+                fail(str(ended.get("error") or "training diverged."), exit_code=1)
+            log.error("%s", ended.get("error"))
+        return result
     except ConfigError as err:
         fail(str(err))
     except WorkerFailed as err:
         # The launcher has already printed the rank's traceback; the last line names rank and error.
         fail(str(err), exit_code=1)
+    except DiskFullError as err:
+        fail(str(err), exit_code=1)
+    except OSError as err:
+        if err.errno not in DISK_FULL_ERRNOS:
+            raise
+        fail(f"no space left on the device while writing {err.filename or run_dir}; free some space and resume.",
+             exit_code=1)
+    finally:
+        CLAIMS.release(run_dir)
     return None
+
+
+def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:
+    """Keys of the composed config that its schema does not have (Hydra's ``+key=value`` adds
+    keys past the schema): the first one is refused."""
+    if not isinstance(composed, dict) or not dataclasses.is_dataclass(typed):
+        return []
+    fields = {f.name for f in dataclasses.fields(typed)}
+    found = []
+    for key, value in composed.items():
+        if key not in fields:
+            found.append(f"{prefix}{key}")
+        else:
+            found += unknown_keys(value, getattr(typed, key), f"{prefix}{key}.")
+    return found
+
+
+def hydra_record(dict_cfg: DictConfig) -> dict[str, str]:
+    """The ``.hydra/`` files Hydra would have written (deferred on resume until it is accepted)."""
+    hydra_cfg = HydraConfig.get()
+    return {"config.yaml": OmegaConf.to_yaml(dict_cfg),
+            "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})),
+            "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task)}
 
 
 if __name__ == "__main__":
@@ -81,4 +133,12 @@ if __name__ == "__main__":
         sys.argv[1:] = argv_for_rank(sys.argv[1:], CONF_DIR)
     except LaunchError as err:
         fail(str(err))
-    main()
+    try:
+        # A named run folder is checked and locked before Hydra writes anything into it.
+        sys.argv[1:] = claim_from_argv(sys.argv[1:])
+    except ConfigError as err:
+        fail(str(err))
+    try:
+        main()
+    finally:
+        CLAIMS.release_all()  # also when Hydra itself refuses the config

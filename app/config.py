@@ -212,6 +212,9 @@ class RunConfig:
     resume: str | None = None
     """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
     of the folder given by hydra.run.dir, or a fresh start if it has none)."""
+    overwrite: bool = False
+    """A new run in a hydra.run.dir that already holds a run: move the old folder aside to
+    ``<folder>.replaced-<time>`` (never deleted) instead of refusing."""
 
 
 def register_configs() -> None:
@@ -291,6 +294,9 @@ def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
     for key, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
         if value <= 0:
             raise ConfigError(f"{key} must be positive, got {value}.")
+    if t.max_steps == 0 or t.max_steps < -1:
+        raise ConfigError(f"trainer.max_steps={t.max_steps} trains nothing; give a positive number of optimizer "
+                          "steps, or -1 to let trainer.max_epochs decide.")
     if t.max_epochs <= 0 and t.max_steps <= 0:
         raise ConfigError("Set trainer.max_epochs or trainer.max_steps to a positive number.")
     if t.num_workers < 0:

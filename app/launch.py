@@ -22,10 +22,13 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 
 from app.config import RunConfig, validate
-from app.worker_errors import call_blaming_the_cause, worker_failure
+from app.worker_errors import WorkerFailed, call_blaming_the_cause, worker_failure
+from app.worker_watchdog import Watchdog, record_pid
 
 log = logging.getLogger(__name__)
 
+SHUTDOWN_GRACE_S = 5.0
+"""How long the other workers of a failed run get to exit by themselves before SIGKILL."""
 LOG_FORMAT = "[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"
 
 
@@ -47,8 +50,9 @@ def adopt_slurm_layout(environ: dict[str, str] | os._Environ[str] = os.environ) 
         environ.update(layout)
 
 
-def launch(cfg: RunConfig, run_dir: Path) -> float | None:
-    """Run the job and return rank 0's result (the monitored metric, for sweepers)."""
+def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float | None:
+    """Run the job and return rank 0's result (the monitored metric, for sweepers). ``hydra_files``: the
+    ``.hydra/`` files to write once a resume is accepted (``app.run_folder``)."""
     from app.slurm import requeued
 
     adopt_slurm_layout()  # a submitit job does not pass through app.__main__
@@ -71,20 +75,22 @@ def launch(cfg: RunConfig, run_dir: Path) -> float | None:
         rank = int(os.environ["RANK"])
         if rank != 0:
             configure_worker_logging(rank, log_file=None)
-        return record(call_blaming_the_cause)(run, cfg, run_dir)
+        return record(call_blaming_the_cause)(run, cfg, run_dir, hydra_files)
     workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
     if workers == 0:
-        return run(cfg, run_dir)
-    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file()), nprocs=workers)
+        return run(cfg, run_dir, hydra_files)
+    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), hydra_files), nprocs=workers,
+                               collective_timeout_s=cfg.hardware.collective_timeout_s)
     return results[0]
 
 
-def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None) -> float | None:
+def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None,
+               hydra_files: dict[str, str] | None = None) -> float | None:
     """Entry point of each worker that ``launch`` starts: set up logging, then run the job."""
     from app.engine.run import run
 
     configure_worker_logging(int(os.environ["RANK"]), log_file)
-    return run(cfg, Path(run_dir))
+    return run(cfg, Path(run_dir), hydra_files)
 
 
 def configure_worker_logging(rank: int, log_file: str | None) -> None:
@@ -116,13 +122,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int) -> list[Any]:
+def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
+                     collective_timeout_s: float | None = None) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` local processes with torch's elastic launcher; returns each
     rank's return value in rank order.
 
     When a rank raises or dies the launcher stops the others (``max_restarts=0``) and this raises
-    :class:`~app.worker_errors.WorkerFailed` naming the failing rank and its error. Used by
-    ``launch``, the tests and the benchmarks.
+    :class:`~app.worker_errors.WorkerFailed` naming the failing rank and its error; a rank that hung
+    (the others' collectives timed out) is killed :data:`SHUTDOWN_GRACE_S` after the first failure
+    and named instead (``app.worker_watchdog``). Used by ``launch``, the tests and the benchmarks.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -140,16 +148,26 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int)
         max_restarts=0,
         monitor_interval=0.1,
         start_method=_start_method(),
-        # Survivors of a failed rank get this long to exit after SIGTERM, then SIGKILL.
-        shutdown_timeout=5,
+        # Survivors of a failed rank get this long to exit after SIGTERM, then SIGKILL (the agent's
+        # own stop; the watchdog below bounds the one its process context does with 30 s).
+        shutdown_timeout=int(SHUTDOWN_GRACE_S),
     )
     # The launcher's own INFO lines (configs, rendezvous) are noise next to the run's log.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    pid_dir = Path(logs.name) / "pids"
+    pid_dir.mkdir()
+    watchdog = Watchdog(Path(logs.name), pid_dir, grace_s=SHUTDOWN_GRACE_S)
+    watchdog.start()
     try:
-        results = elastic_launch(config, _entry)(fn, args)
+        results = elastic_launch(config, _entry)(fn, args, str(pid_dir))
     except ChildFailedError as err:
-        raise worker_failure(err) from None
+        failure = worker_failure(err)
+        hung = watchdog.hung_ranks_message(collective_timeout_s)
+        if hung is not None and any(word in str(failure).lower() for word in ("timed out", "timeout")):
+            raise WorkerFailed(hung, failure.traceback) from None
+        raise failure from None
     finally:
+        watchdog.stop()
         logs.cleanup()
     return [results[rank] for rank in range(nprocs)]
 
@@ -167,7 +185,7 @@ def _start_method() -> str:
     return "forkserver"
 
 
-def _entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = None) -> Any:
     """What each launched process runs. The launcher wraps it in ``record``, which writes an
     exception's traceback to the error file the parent reads (``worker_failure``)."""
     if "OMP_NUM_THREADS" not in os.environ:
@@ -176,4 +194,5 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         # As torchrun does: processes sharing a machine must not each use every core.
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    record_pid(pid_dir, int(os.environ["RANK"]))
     return call_blaming_the_cause(fn, *args)

@@ -171,3 +171,16 @@ def test_resume_reads_only_listed_files_and_names_every_skipped_checkpoint(run, 
     saved = [m for _, m in store.complete_checkpoints(run / "checkpoints") if m.save_number > 5]
     assert [m.step for m in saved] == [2], saved  # continued from the listed step 1, not -100
     assert os.path.islink(checkpoint(run, 5))  # nothing it refused was touched
+
+
+def test_a_folder_of_listed_shards_may_hold_nothing_else(run):
+    """A sharded state's reader (FSDP2 through torch.distributed.checkpoint) reads its folder whole."""
+    folder = checkpoint(run, 5)
+    (folder / "model").mkdir()
+    (folder / "model.safetensors").rename(folder / "model" / "shard-00001.safetensors")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["model/shard-00001.safetensors"] = manifest["files"].pop("model.safetensors")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    assert store.verify(folder) is None
+    shutil.copy(folder / "model" / "shard-00001.safetensors", folder / "model" / "shard-00002.safetensors")
+    assert store.verify(folder) == "model/shard-00002.safetensors is in a folder of listed files but not listed itself"

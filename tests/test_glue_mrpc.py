@@ -269,7 +269,9 @@ def test_cache_is_keyed_on_max_length_and_tokenizer(make_cfg, tiny_data, tmp_pat
     assert again["input_ids"] == short["input_ids"]
 
     # Another vocabulary written to the same folder must not hit the first one's cache.
-    other = make_tiny_bert(tmp_path / "other_bert", ["completely different words"] * 5, vocab_size=60)
+    # (Trained on text like the data's, so it encodes it: one that cannot is refused, see below.)
+    other = make_tiny_bert(tmp_path / "other_bert", [s for _, s1, s2 in synthetic_pairs(30, seed=3) for s in (s1, s2)],
+                           vocab_size=60)
     retrained = train_split(max_length=16, model=str(other))
     assert cache_file(retrained) != cache_file(short)
     assert retrained["input_ids"] != short["input_ids"]

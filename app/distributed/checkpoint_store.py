@@ -19,6 +19,7 @@ Only the standard library is used here (file hashing imports ``checkpoint_format
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -45,6 +46,50 @@ _TEMP_PREFIX = ".tmp-checkpoint_"
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: missing, incomplete, tampered with, or for another model."""
+
+
+class DiskFullError(RuntimeError):
+    """A save ran out of space (ENOSPC or a quota); the message is one sentence. What was written
+    of that save is removed; earlier checkpoints are untouched."""
+
+
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(root: Path, temporary: Path | None, what: str) -> DiskFullError:
+    """Remove a save's partial folder and describe the failure: where, and how much it needed
+    (a complete checkpoint of this run when there is one, else what was written before it failed)."""
+    try:
+        block = os.statvfs(root).f_frsize or 4096
+    except OSError:
+        block = 4096
+    written = _bytes_in(temporary, block) if temporary is not None else 0
+    if temporary is not None:
+        shutil.rmtree(temporary, ignore_errors=True)
+    previous = complete_checkpoints(root)
+    # What the files take on the device: whole blocks each, plus the folder's own.
+    sizes = [int(f.get("size", 0)) for f in previous[-1][1].files.values()] if previous else []
+    needed = max(written, block + sum(-(-size // block) * block for size in sizes))
+    try:
+        free = f", {_size(shutil.disk_usage(root).free)} free"
+    except OSError:
+        free = ""
+    amount = f"about {_size(needed)}" if previous else f"more than {_size(needed)}"
+    return DiskFullError(f"no space left on the device of {root} while writing {what}: it needs {amount}{free}; "
+                         "earlier checkpoints are intact (free some space, or lower checkpoint.total_limit).")
+
+
+def _bytes_in(folder: Path, block: int) -> int:
+    if not folder.exists():
+        return 0
+    return block + sum(-(-p.stat().st_size // block) * block for p in folder.rglob("*") if p.is_file())
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 @dataclass
@@ -137,13 +182,17 @@ def unsafe_entry(folder: Path, name: str) -> str | None:
 
 
 def _check_listed(folder: Path, manifest: Manifest) -> str | None:
-    """Names, types and sizes of the listed files: no file is opened."""
+    """Names, types and sizes of the listed files: no file is opened. A subfolder the manifest lists
+    files in (FSDP weight shards) must hold nothing else: its reader takes the folder whole."""
     for name, digest in manifest.files.items():
         if problem := unsafe_entry(folder, name):
             return problem
         size = (folder / name).stat().st_size
         if size != digest.get("size"):
             return f"{name} has {size} bytes instead of {digest.get('size')} (truncated?)"
+    subfolders = {name.rsplit("/", 1)[0] + "/" for name in manifest.files if "/" in name}
+    if extra := [name for name in unlisted_files(folder) if any(name.startswith(sub) for sub in subfolders)]:
+        return f"{extra[0]} is in a folder of listed files but not listed itself"
     return None
 
 
@@ -394,16 +443,22 @@ def run_folder_of(checkpoint: Path) -> Path:
 FAULT_ENV = "APP_CHECKPOINT_FAULT"
 """Fault-injection point for the crash tests: ``APP_CHECKPOINT_FAULT=<point>:<save number>`` makes the
 process SIGKILL itself at ``<point>`` of that save, where point is ``files`` (half the files
-written), ``before-manifest``, ``before-rename`` or ``before-rotate``. Unset in normal use."""
+written), ``before-manifest``, ``before-rename`` or ``before-rotate``; ``disk-full`` makes the
+write after half the files fail with ENOSPC instead (for machines where a test cannot mount a small
+tmpfs). Unset in normal use."""
 
 
-def fault_point(point: str, save_number: int) -> None:
+def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     wanted, _, number = spec.partition(":")
-    if wanted == point and (not number or save_number == int(number)):
+    if number and save_number != int(number):
+        return
+    if wanted == point:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+    if wanted == "disk-full" and point == "files":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 

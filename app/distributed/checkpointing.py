@@ -86,15 +86,32 @@ def save_state(acc: Accelerator, output_dir: str | os.PathLike[str] | None = Non
             root = final.parent
             number = store.next_save_number(root)
         store.clean_temporaries(root)
-        plan = (str(store.temporary_folder(root, number)), str(final), number)
+        try:
+            plan = (str(store.temporary_folder(root, number)), str(final), number)
+        except OSError as err:
+            if err.errno not in store.DISK_FULL_ERRNOS:
+                raise
+            raise store.disk_full(root, None, f"checkpoint_{number}") from None
     temporary_name, final_name, number = backend.broadcast_object(plan, src=0)
     temporary, final = Path(temporary_name), Path(final_name)
+    try:
+        return _write_checkpoint(acc, temporary, final, number, metadata)
+    except OSError as err:
+        if err.errno not in store.DISK_FULL_ERRNOS:
+            raise
+        # A partial checkpoint is never chosen (it has no manifest); remove it now, not at the next save.
+        raise store.disk_full(final.parent, temporary if acc.is_main_process else None, final.name) from None
+
+
+def _write_checkpoint(acc: Accelerator, temporary: Path, final: Path, number: int,
+                      metadata: dict[str, Any] | None) -> Path:
+    backend = acc.backend
 
     written: dict[str, WrittenFile | Path] = {}
     for i, model in enumerate(acc._models):
         written.update(backend.save_model_state(model, temporary, _name("model", i)))
     if acc.is_main_process:
-        store.fault_point("files", number)
+        store.fault_point("files", number, temporary)
     for i, optimizer in enumerate(acc._optimizers):
         written.update(backend.save_optimizer_state(_owner(acc, optimizer), optimizer.optimizer, temporary,
                                                     _name("optimizer", i)))

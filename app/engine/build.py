@@ -39,7 +39,9 @@ def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
 
 def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None = None) -> Components:
     task = task if task is not None else build_task(cfg.task)
+    check_monitor(cfg, task)
     data = task.build_data(accelerator)
+    check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
     frozen = freeze_parameters(model, list(getattr(cfg.optim, "freeze", None) or []))
     if frozen:
@@ -60,6 +62,23 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
                       show_progress=accelerator.is_main_process and cfg.logging.progress_bar)
+
+
+def check_monitor(cfg: RunConfig, task: Task) -> None:
+    """``early_stopping.monitor`` must be a metric the task reports (before any data is loaded)."""
+    names = [f"eval/{m}" for m in (*getattr(task, "metric_names", ()), "num_samples")]
+    if names[:-1] and cfg.early_stopping.monitor not in names:
+        raise ConfigError(f"early_stopping.monitor={cfg.early_stopping.monitor} is not a metric the task "
+                          f"{task.name} reports; choose one of {', '.join(names[:-1])}.")
+
+
+def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None:
+    """A per-process batch larger than a process's share of the training set cannot be filled."""
+    share = train_samples // processes
+    if cfg.trainer.batch_size > share:
+        raise ConfigError(
+            f"trainer.batch_size={cfg.trainer.batch_size} is more than the {share} training samples each of the "
+            f"{processes} process(es) gets ({train_samples} in all); use trainer.batch_size={max(share, 1)} or less.")
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:

@@ -37,6 +37,7 @@ from app.distributed.checkpoint_store import (
 )
 from app.distributed.checkpointing import apply_rng, capture_rng
 from app.engine.build import plain
+from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
 from app.engine.triggers import EarlyStopping
 
@@ -107,8 +108,13 @@ class CheckpointPolicy:
         if self.cfg.every_epoch:
             self.save(state)
 
-    def save(self, state: LoopState) -> Path:
-        """Write ``checkpoints/checkpoint_<N>``, then rotate (main process, after it is complete)."""
+    def save(self, state: LoopState) -> Path | None:
+        """Write ``checkpoints/checkpoint_<N>``, then rotate (main process, after it is complete).
+        Weights that are no longer finite are not saved (None): the newest checkpoint stays the
+        last finite one, and rotation never removes it for a useless one."""
+        if not weights_are_finite(self.c):
+            log.warning("not saving a checkpoint at step %d: the weights are not finite", state.global_step)
+            return None
         metric = None
         if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
             metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}

@@ -63,5 +63,6 @@ def argv_for_resume(argv: list[str]) -> list[str]:
 
     run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
     earlier = [arg for arg in original_overrides(run_folder)
-               if _key(arg) not in given and _key(arg) != "resume" and not _key(arg).startswith("hydra")]
+               if _key(arg) not in given and _key(arg) not in ("resume", "overwrite")
+               and not _key(arg).startswith("hydra")]
     return earlier + argv + [f"hydra.run.dir={_quote(str(run_folder))}"]

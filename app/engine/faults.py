@@ -1,14 +1,20 @@
-"""A fault-injection point for drills and tests: make one rank raise in the middle of training.
+"""A fault-injection point for drills and tests: make one rank fail in the middle of training.
 
 ``APP_FAIL_AT_STEP=<optimizer step>`` (and ``APP_FAIL_RANK=<rank>``, default 0) make that rank raise
 :class:`InjectedFault` right after that optimizer step, to check that a run with a failing rank exits
-non-zero promptly, showing the error, instead of hanging. Unset, it costs nothing per step.
+non-zero promptly, showing the error, instead of hanging. With ``APP_FAIL_MODE=stop`` the rank
+stops itself with SIGSTOP instead (a hung rank: it can neither fail nor answer SIGTERM). Unset, it
+costs nothing per step.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 
 class InjectedFault(RuntimeError):
@@ -20,9 +26,15 @@ def fault_point(rank: int) -> Callable[[int], None]:
     at_step = os.environ.get("APP_FAIL_AT_STEP")
     if at_step is None or int(os.environ.get("APP_FAIL_RANK", "0")) != rank:
         return lambda step: None
+    stop = os.environ.get("APP_FAIL_MODE") == "stop"
 
     def check(step: int) -> None:
-        if step == int(at_step):
-            raise InjectedFault(f"injected fault on rank {rank} at step {step} (APP_FAIL_AT_STEP={at_step})")
+        if step != int(at_step):
+            return
+        if stop:
+            log.warning("injected hang: rank %d (process %d) stops itself at step %d", rank, os.getpid(), step)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        raise InjectedFault(f"injected fault on rank {rank} at step {step} (APP_FAIL_AT_STEP={at_step})")
 
     return check

@@ -48,6 +48,8 @@ class LoopState:
     step), a float in a checkpoint, so the first loss logged after a resume is the uninterrupted one."""
     loss_batches: int = 0
     """Micro-batches summed in loss_sum."""
+    non_finite_loss_step: int | None = None
+    """The optimizer step at which the logged training loss was NaN or infinite, if it was."""
 
     def state_dict(self) -> dict[str, Any]:
         return {**asdict(self), "loss_sum": float(self.loss_sum)}
@@ -204,6 +206,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 running_loss.zero_()
                 state.loss_batches = 0
                 window_start, window_samples = time.perf_counter(), 0
+                if not math.isfinite(loss) and state.non_finite_loss_step is None:
+                    state.non_finite_loss_step = state.global_step
                 if cfg.early_stopping.stop_on_nan and not math.isfinite(loss):
                     state.stop_reason = f"{NON_FINITE_LOSS} {loss} at step {state.global_step}"
                     acc.set_trigger()

@@ -7,21 +7,27 @@ import time
 from pathlib import Path
 
 from app.config import ConfigError, RunConfig
+from app.distributed.checkpoint_store import CHECKPOINTS, complete_checkpoints
 from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
 from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
-from app.engine.loop import NON_FINITE_LOSS, LoopState, fit
+from app.engine.divergence import weights_are_finite
+from app.engine.loop import LoopState, fit
 from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
 from app.engine.progress import human
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
 from app.engine.summary import model_summary
+from app.run_folder import write_hydra_record
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg: RunConfig, run_dir: Path) -> float:
+def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float:
     """Train and evaluate; returns the best value of ``early_stopping.monitor`` (the objective of a
-    sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended."""
+    sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
+    a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
+    saying so as its error).
+    ``hydra_files``: ``.hydra/`` files deferred by a resume, written once it is accepted."""
     started = time.monotonic()
     set_seed(cfg.seed)
     accelerator = build_accelerator(cfg, run_dir)
@@ -42,8 +48,9 @@ def run(cfg: RunConfig, run_dir: Path) -> float:
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
         if accelerator.is_main_process:
-            # An earlier segment's result no longer describes the folder once training goes on (a
-            # refused resume, above, leaves the folder as it was).
+            if hydra_files is not None:
+                write_hydra_record(run_dir, hydra_files)  # only now: a refused resume leaves the folder as it was
+            # An earlier segment's result no longer describes the folder once training goes on.
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
         with preserved_rng(accelerator.backend):
             accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
@@ -54,13 +61,16 @@ def run(cfg: RunConfig, run_dir: Path) -> float:
                  run_dir)
         fit(components, cfg, state, stopper, checkpoints)
         log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, human(stopper.best))
+        if state.non_finite_loss_step is not None or not weights_are_finite(components):
+            # Nothing non-finite is exported; app.__main__ turns this result into exit status 1.
+            record(NAN, error=diverged(state, run_dir))
+            return objective(stopper.best, NAN)
         if getattr(cfg.task, "predict_test", False):
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
             export_model(components, run_dir / "model")
-        status = NAN if (state.stop_reason or "").startswith(NON_FINITE_LOSS) else FINISHED
-        record(status)
-        return objective(stopper.best, status)
+        record(FINISHED)
+        return objective(stopper.best, FINISHED)
     except ConfigError:
         raise  # refused input, reported as such: the run never started
     except Exception as err:
@@ -71,3 +81,14 @@ def run(cfg: RunConfig, run_dir: Path) -> float:
         raise
     finally:
         accelerator.end_training()
+
+
+def diverged(state: LoopState, run_dir: Path) -> str:
+    """The one-sentence end of a run whose loss or weights stopped being finite (nothing exported)."""
+    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS)
+    where = (f"the last finite checkpoint is {checkpoints[-1][0]} (step {checkpoints[-1][1].step})" if checkpoints
+             else "no checkpoint was saved before it")
+    when = (f"the training loss was not finite at step {state.non_finite_loss_step}"
+            if state.non_finite_loss_step is not None else "the weights are not finite")
+    return (f"training diverged: {when}, so no model was exported; {where} "
+            "(a lower optim.lr or trainer.max_grad_norm may help).")

@@ -39,6 +39,9 @@ class StepOutput:
 
 class Task(Protocol):
     name: str
+    metric_names: tuple[str, ...]
+    """The keys compute_metrics returns (the engine logs them as ``eval/<name>``): checked against
+    ``early_stopping.monitor`` before anything runs."""
 
     def build_data(self, runtime: Any) -> TaskData:
         """Load and preprocess the datasets. ``runtime`` is the Accelerator (for main_process_first)."""

@@ -17,6 +17,7 @@ import contextlib
 import csv
 import functools
 import hashlib
+import io
 import json
 import logging
 import shutil
@@ -74,6 +75,7 @@ class Split:
 
 class GlueMrpcTask:
     name = "glue_mrpc"
+    metric_names: tuple[str, ...] = ("loss", "accuracy", "f1")
     num_labels = 2
 
     def __init__(self, cfg: GlueMrpcConfig):
@@ -114,6 +116,7 @@ class GlueMrpcTask:
 
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, datasets.Dataset, Split | None]:
         raw = load_splits(self.cfg)
+        check_tokenizer_covers(self.tokenizer, self.cfg.tokenizer or self.cfg.model, raw["train"].data)
         train = self._tokenize(raw["train"], "train")
         if self.cfg.swap_pairs:
             import datasets
@@ -314,26 +317,47 @@ def read_glue_tsv(path: Path) -> datasets.Dataset:
     """
     import datasets
 
-    with path.open(encoding="utf-8-sig", newline="") as f:  # -sig: some copies start with a BOM
-        rows = [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # -sig: some copies start with a BOM
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path} line {line} is not UTF-8 text (byte 0x{raw[err.start]:02x}), where a GLUE MRPC "
+                          "TSV of sentence pairs was expected.") from None
+    if "\x00" in text:
+        line = text[: text.index("\x00")].count("\n") + 1
+        raise ConfigError(f"{path} line {line} holds a NUL byte (binary data?), where a GLUE MRPC TSV of sentence "
+                          "pairs was expected.")
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        for row in reader:
+            if row:
+                rows.append((reader.line_num, row))
+    except csv.Error as err:
+        raise ConfigError(f"{path} line {reader.line_num + 1} cannot be read as TSV ({err}), where a GLUE MRPC "
+                          "TSV of sentence pairs was expected.") from None
     if not rows:
         raise ConfigError(f"{path} is empty, where a GLUE MRPC TSV with a header line was expected.")
-    header, body = rows[0], rows[1:]
+    (_, header), body = rows[0], rows[1:]
     column = {name.strip(): i for i, name in enumerate(header)}
     if "#1 String" not in column or "#2 String" not in column:
         raise ConfigError(f"{path} is not a GLUE MRPC TSV: its header has no '#1 String' and '#2 String'.")
-    for line_no, row in enumerate(body, start=2):
+    if not body:
+        raise ConfigError(f"{path} has a header line but no sentence pairs.")
+    for line_no, row in body:
         if len(row) != len(header):
             raise ConfigError(
                 f"{path} line {line_no} has {len(row)} fields where the header has {len(header)}."
             )
     label_col, index_col = column.get("Quality"), column.get("index")
     records = {
-        "sentence1": [row[column["#1 String"]] for row in body],
-        "sentence2": [row[column["#2 String"]] for row in body],
-        "label": [int(row[label_col]) if label_col is not None else UNLABELED for row in body],
+        "sentence1": [row[column["#1 String"]] for _, row in body],
+        "sentence2": [row[column["#2 String"]] for _, row in body],
+        "label": [_label(path, n, row[label_col]) if label_col is not None else UNLABELED for n, row in body],
         # The hub's idx is the 0-based row number; GLUE's test.tsv numbers its rows itself.
-        "idx": [int(row[index_col]) if index_col is not None else i for i, row in enumerate(body)],
+        "idx": [_integer(path, n, "index", row[index_col]) if index_col is not None else i
+                for i, (n, row) in enumerate(body)],
     }
     features = datasets.Features(
         {
@@ -344,6 +368,20 @@ def read_glue_tsv(path: Path) -> datasets.Dataset:
         }
     )
     return datasets.Dataset.from_dict(records, features=features)
+
+
+def _integer(path: Path, line: int, column: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{path} line {line} has {column} {value!r} where an integer was expected.") from None
+
+
+def _label(path: Path, line: int, value: str) -> int:
+    label = int(value) if value.strip().isdigit() else -1
+    if label not in range(len(LABEL_NAMES)):
+        raise ConfigError(f"{path} line {line} has Quality {value!r} where 0 or 1 was expected.")
+    return label
 
 
 def _cache_paths(ds: datasets.Dataset) -> list[Path]:
@@ -498,9 +536,44 @@ class PairCollator:
 # -- hub models and tokenizers --------------------------------------------------------------------------
 
 
+MAX_UNKNOWN_RATE = 0.05
+"""Share of a data sample's tokens that may be the tokenizer's unknown token; above it the tokenizer
+does not fit the data (missing vocabulary files, another language) and training would learn nothing."""
+
+
+def check_tokenizer_covers(tokenizer: PreTrainedTokenizerBase, name: str, train: Any, sample: int = 200) -> None:
+    """Refuse a tokenizer that maps much of the first training pairs to its unknown token."""
+    unknown = tokenizer.unk_token_id
+    if unknown is None:
+        return  # byte-level tokenizers encode anything
+    rows = train.select(range(min(sample, len(train))))
+    ids = tokenizer([*rows["sentence1"], *rows["sentence2"]], add_special_tokens=False)["input_ids"]
+    total = sum(len(i) for i in ids)
+    rate = sum(i.count(unknown) for i in ids) / max(total, 1)
+    if rate > MAX_UNKNOWN_RATE:
+        hint = (f"it has only {len(tokenizer)} tokens: are its vocabulary files (vocab.txt, tokenizer.json) missing?"
+                if len(tokenizer) <= len(tokenizer.all_special_tokens) + 1
+                else "is it the tokenizer the model was trained with?")
+        raise ConfigError(f"the tokenizer in {name} encodes {rate:.0%} of the tokens of the first {len(rows)} training "
+                          f"pairs as {tokenizer.unk_token}; {hint}")
+
+
+def check_config_json(name: str) -> None:
+    """A local model folder's config.json must parse (else transformers blames the tokenizer)."""
+    config = Path(name).expanduser() / "config.json"
+    if not config.is_file():
+        return
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{config} is not valid JSON ({first}); the model folder's configuration is damaged.") from None
+
+
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
+    check_config_json(name)
     try:
         with hub_access(name):
             return AutoTokenizer.from_pretrained(name)
@@ -521,6 +594,7 @@ def load_model(name: str, num_labels: int, pooling: Pooling = Pooling.cls) -> nn
 
     from app.tasks import mean_pooling
 
+    check_config_json(name)
     labels: dict[str, Any] = {
         "num_labels": num_labels,
         "id2label": dict(enumerate(LABEL_NAMES)),

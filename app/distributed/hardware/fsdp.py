@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.cuda import CUDA, gpu_count, require_gpu_per_process, visible_gpus
 from app.distributed.hardware.device import CPU, DeviceOps
+from app.distributed.hardware.multi_cpu import require_cores
 from app.distributed.hardware.spec import Launched, MultiProcessSpec, Visible
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ class FsdpSpec(MultiProcessSpec):
         super().check_layout(hw, visible)
         if gpu_count(visible) > 0:
             require_gpu_per_process(hw, visible)
+        else:
+            require_cores(hw)
 
     def detects(self, world_size: int, cpu: bool) -> bool:
         return False  # only chosen by the config

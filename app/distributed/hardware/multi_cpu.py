@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from app.config import HardwareConfig
+from app.config import ConfigError, HardwareConfig
 from app.distributed.hardware.cuda import visible_gpus
-from app.distributed.hardware.spec import MultiProcessSpec
+from app.distributed.hardware.spec import MultiProcessSpec, Visible
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def require_cores(hw: HardwareConfig) -> None:
+    """One CPU process per core at most: beyond that they only take turns (3 steps took minutes)."""
+    cores = available_cores()
+    if hw.num_processes > cores:
+        raise ConfigError(
+            f"hardware.num_processes={hw.num_processes} asks for more CPU processes than the {cores} core(s) this "
+            f"machine gives the run; use hardware.num_processes={cores} or fewer.")
+
+
 class MultiCpuSpec(MultiProcessSpec):
     kind = "multi_cpu"
+
+    def check_layout(self, hw: HardwareConfig, visible: Visible) -> None:
+        super().check_layout(hw, visible)
+        require_cores(hw)
 
     def detects(self, world_size: int, cpu: bool) -> bool:
         return world_size > 1 and (cpu or visible_gpus()["cuda"] == 0)

@@ -1,0 +1,160 @@
+"""Bad input ends in one sentence and a non-zero exit, before anything but Hydra's record and the log
+is written: unknown keys added with ``+``, impossible values, an unwritable run folder, a monitor
+the task does not report, a batch larger than the data, more processes than cores, GLUE files that
+are not what they should be, a tokenizer that cannot encode the data; and a run that diverges exits
+non-zero without exporting non-finite weights."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.__main__ import unknown_keys
+from app.config import ConfigError
+from app.distributed import Accelerator
+from app.distributed import checkpoint_store as store
+from app.distributed.checkpoint_format import read_safetensors
+from app.distributed.hardware.multi_cpu import available_cores
+from tests.conftest import compose_config, run_app
+from tests.tiny_bert import HEADER, make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+
+QUIET = ("logging.progress_bar=false", "logging.trackers=[]")
+HYDRA_RECORD = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "app.log"}
+
+REFUSED = {
+    "plus_key": (["+trainer.batchsize=3"], "unknown configuration key trainer.batchsize (added with +"),
+    "dropout": (["task.dropout=2.0"], "task.dropout must be in [0, 1), got 2.0."),
+    "max_steps_0": (["trainer.max_steps=0"], ("trainer.max_steps=0 trains nothing; give a positive number of "
+                                             "optimizer steps, or -1")),
+    "batch": (["trainer.batch_size=100000"], ("trainer.batch_size=100000 is more than the 1437 training samples "
+                                             "each of the 1 process(es) gets")),
+    "monitor": (["early_stopping.monitor=eval/nonexistent"],
+                ("early_stopping.monitor=eval/nonexistent is not a metric the task digits reports; choose one of "
+                "eval/loss, eval/accuracy, eval/f1.")),
+    "cores": (["hardware=multi_cpu", "hardware.num_processes=64"],
+              f"hardware.num_processes=64 asks for more CPU processes than the {available_cores()} core(s)"),
+}
+
+
+@pytest.mark.timeout(240)
+def test_bad_inputs_are_one_sentence_and_write_nothing(tmp_path):
+    """Each case is a real ``python -m app``; they run side by side to save time."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = {}
+    for name, (args, _) in REFUSED.items():
+        procs[name] = subprocess.Popen([sys.executable, "-m", "app", *args, *QUIET, f"hydra.run.dir={tmp_path / name}"],
+                                       cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs["proc_dir"] = subprocess.Popen([sys.executable, "-m", "app", "hydra.run.dir=/proc/x"], cwd=tmp_path,
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=200)
+        assert proc.returncode == 2, (name, err[-3000:])
+        assert "Traceback" not in err, (name, err[-3000:])
+        lines = err.strip().splitlines()
+        assert lines[-1].startswith("error: ") and lines[-1].endswith("."), (name, lines[-1])
+        if name == "proc_dir":
+            assert lines == [("error: hydra.run.dir=/proc/x cannot be used as a run folder (No such file or directory); "
+                             "choose a writable folder.")]
+            continue
+        assert REFUSED[name][1] in lines[-1], (name, lines[-1])
+        run_dir = tmp_path / name
+        written = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")} if run_dir.exists() else set()
+        assert written <= HYDRA_RECORD, (name, written)
+
+
+def test_unknown_keys_are_found_at_any_depth():
+    cfg = compose_config("+foo=bar", "+trainer.batchsize=3", "+task.dropuot=0.5")
+    from omegaconf import OmegaConf
+
+    from app.engine.build import plain
+
+    composed = OmegaConf.to_container(OmegaConf.structured(plain(cfg)))
+    composed["foo"], composed["trainer"]["batchsize"], composed["task"]["dropuot"] = "bar", 3, 0.5
+    assert unknown_keys(composed, cfg) == ["task.dropuot", "trainer.batchsize", "foo"]
+    assert unknown_keys(OmegaConf.to_container(OmegaConf.structured(plain(compose_config()))), compose_config()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_diverged_run_exits_nonzero_and_exports_nothing_non_finite(tmp_path):
+    run = tmp_path / "run"
+    proc = run_app("optim.lr=1e9", "trainer.max_steps=30", "checkpoint.every_n_steps=1", "trainer.log_every_n_steps=3",
+                   *QUIET, f"hydra.run.dir={run}", cwd=tmp_path, timeout=110)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: training diverged: the training loss was not finite at step 3, so no model was "
+                           "exported; "), last
+    assert not (run / "model").exists()
+    kept = store.complete_checkpoints(run / "checkpoints")
+    assert kept, "the steps before the divergence were saved"
+    assert f"the last finite checkpoint is {kept[-1][0]}" in last
+    for folder, _ in kept:  # every checkpoint left is finite: none was saved after the weights broke
+        weights, _ = read_safetensors(folder / "model.safetensors")
+        assert all(torch.isfinite(t).all() for t in weights.values()), folder
+
+
+# -- GLUE MRPC files and model folders -------------------------------------------------------------------
+
+
+def glue_refusal(path: Path) -> str:
+    from app.tasks.glue_mrpc import read_glue_tsv
+
+    with pytest.raises(ConfigError) as err:
+        read_glue_tsv(path)
+    message = str(err.value)
+    assert message.endswith(".") and "\n" not in message and str(path) in message
+    return message
+
+
+def test_glue_tsv_problems_name_the_file_the_line_and_what_was_expected(tmp_path):
+    good = "1\t1\t2\tA said it.\tA said so.\n"
+    cases = {
+        "label.tsv": (f"{HEADER}\n{good}yes\t3\t4\tB.\tC.\n", "line 3 has Quality 'yes' where 0 or 1 was expected"),
+        "header_only.tsv": (f"{HEADER}\n", "has a header line but no sentence pairs"),
+        "fields.tsv": (f"{HEADER}\n{good}0\t3\tB.\n", "line 3 has 3 fields where the header has 5"),
+    }
+    for name, (text, fragment) in cases.items():
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        assert fragment in glue_refusal(path), name
+    garbage = tmp_path / "garbage.tsv"
+    garbage.write_bytes(f"{HEADER}\n{good}".encode() + bytes(range(128, 256)) + b"\n")
+    assert "line 3 is not UTF-8 text (byte 0x80), where a GLUE MRPC TSV" in glue_refusal(garbage)
+    nul = tmp_path / "nul.tsv"
+    nul.write_bytes(f"{HEADER}\n{good}".encode() + b"1\t2\x00\t3\tx\ty\n")
+    assert "line 3 holds a NUL byte (binary data?)" in glue_refusal(nul)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_a_tokenizer_that_cannot_encode_the_data_and_a_damaged_config_are_named(tmp_path, offline):
+    from app.tasks.glue_mrpc import GlueMrpcConfig, GlueMrpcTask, load_model
+
+    data = make_tiny_glue_tsv(tmp_path / "data", n_train=48, n_val=16)
+    model = make_tiny_bert(tmp_path / "bert", [s for _, s1, s2 in synthetic_pairs(100, seed=9) for s in (s1, s2)])
+    for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        (model / tokenizer_file).unlink(missing_ok=True)
+    cfg = GlueMrpcConfig(model=str(model), data_dir=str(data), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError) as err:
+        GlueMrpcTask(cfg).build_data(Accelerator(cpu=True))
+    assert str(err.value).startswith(f"the tokenizer in {model} encodes 100% of the tokens of the first 48 training "
+                                     "pairs as [UNK]; it has only 5 tokens: are its vocabulary files")
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+    config = model / "config.json"
+    config.write_text(config.read_text()[:40])
+    for load in (lambda: GlueMrpcTask(cfg).tokenizer, lambda: load_model(str(model), 2)):
+        with pytest.raises(ConfigError, match=rf"^{config} is not valid JSON \(.*\); the model folder's configuration "
+                                              r"is damaged\.$"):
+            load()
