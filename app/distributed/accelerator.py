@@ -72,13 +72,19 @@ class Accelerator:
         step_scheduler_with_optimizer: bool = True,
         rng_types: Sequence[str] | None = None,
         kwargs_handlers: Sequence[Any] | None = None,
+        downcast_bf16: bool = False,
         *,
         backend: Backend | None = None,
         seed: int | None = None,
     ):
         """Accelerate's constructor arguments, plus two of ours: ``backend`` (a ready backend object;
         by default one is chosen from the environment and ``cpu``) and ``seed`` (the data-order seed;
-        by default drawn from torch's RNG and agreed across ranks)."""
+        by default drawn from torch's RNG and agreed across ranks).
+
+        ``downcast_bf16`` is accepted so that scripts written for Accelerate's TPU path run unchanged,
+        and changes nothing: there it sets the deprecated ``XLA_DOWNCAST_BF16`` variable (every fp32
+        tensor stored as bf16), here ``mixed_precision="bf16"`` is always ``torch.autocast`` (bf16
+        compute, fp32 weights and optimizer states, on every device)."""
         if gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
         self.backend = backend if backend is not None else default_backend(cpu)
@@ -86,6 +92,7 @@ class Accelerator:
         mixed_precision = mixed_precision or os.environ.get(MIXED_PRECISION_ENV) or "no"
         self.precision: Precision = build_precision(mixed_precision, self.backend.device)
         self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.downcast_bf16 = downcast_bf16
         self.device_placement = device_placement
         if dataloader_config is not None:
             split_batches = getattr(dataloader_config, "split_batches", split_batches)
@@ -145,6 +152,12 @@ class Accelerator:
     @property
     def use_distributed(self) -> bool:
         return self.backend.num_processes > 1
+
+    @property
+    def static_shapes(self) -> bool:
+        """True when every step must see the same tensor shapes (XLA): prepared loaders then pad their
+        last batch to full size, and a task should pad sequences to a fixed length."""
+        return self.backend.static_shapes
 
     @property
     def mixed_precision(self) -> str:
@@ -224,15 +237,19 @@ class Accelerator:
         seed = self.data_seed()
         if data_loader.generator is not None:
             seed = data_loader.generator.initial_seed()
+        placing = device_placement if device_placement is not None else self.device_placement
+        device = self.device if placing else torch.device("cpu")
         shard = shard_dataloader(
             data_loader,
-            device=self.device if (device_placement if device_placement is not None else self.device_placement) else torch.device("cpu"),
+            device=device,
             state=self.gradient_state,
             num_processes=self.num_processes,
             process_index=self.process_index,
             seed=seed,
             even_batches=self.even_batches,
             split_batches=self.split_batches,
+            fixed_shapes=self.static_shapes,
+            place=self.backend.place_batch if device.type != "cpu" else None,
         )
         self._dataloaders.append(shard)
         return shard

@@ -39,6 +39,17 @@ class Backend:
     def distributed_type(self) -> str:
         return "NO"
 
+    static_shapes: bool = False
+    """Whether every step must see tensors of the same shapes (a compiling backend such as XLA): the
+    data loaders then pad their last batch to full size and tasks pad sequences to a fixed length."""
+
+    # -- data -----------------------------------------------------------------------------------------
+    def place_batch(self, batch: Any) -> Any:
+        """Put a batch built on the host onto this backend's device."""
+        from app.distributed.data import send_to_device
+
+        return send_to_device(batch, self.device)
+
     # -- model ----------------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place the model on the device and wrap it for data parallelism."""

@@ -9,7 +9,9 @@ samples in their global order, which is what ``gather_for_metrics`` relies on.
 Uneven ends. With ``even_batches`` (the default) and several processes the last global step is
 completed with samples from the start of the epoch, so every rank runs the same number of equally
 sized batches; ``remainder`` records how many of that step's samples are real so the duplicates can
-be dropped after a gather. Without it, ranks may get fewer or smaller batches at the end.
+be dropped after a gather. Without it, ranks may get fewer or smaller batches at the end. With
+``fixed_shapes`` (a backend that compiles one program per shape, XLA) the last step is completed
+the same way even on one process, so every batch of every loader has the full size.
 
 Resuming. The sampler's position is (epoch, global steps already taken); skipping is an index slice,
 so resuming never replays the data pipeline. A loader's ``state_dict`` records the position as
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -75,6 +77,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         even_batches: bool = True,
         split_batches: bool = False,
         lengths: Sequence[int] | None = None,
+        fixed_shapes: bool = False,
     ):
         if lengths is not None and len(lengths) != num_samples:
             raise ValueError(f"got {len(lengths)} lengths for {num_samples} samples")
@@ -93,6 +96,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.even_batches = even_batches
         self.lengths = lengths
         """Sample lengths: when given, each process's batches hold samples of similar length."""
+        self.fixed_shapes = fixed_shapes
+        """Every batch full-sized, even on one process: the last global step is completed like with
+        ``even_batches`` (for compilers such as XLA that build one program per shape)."""
         self.epoch = 0
         self.skip_steps = 0
         """Global steps of the current epoch to skip (set when resuming mid-epoch)."""
@@ -115,7 +121,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         steps = self.global_steps() - self.skip_steps
-        if self.drop_last or self.even_batches or self.num_processes == 1:
+        if self.drop_last or self.even_batches or self.fixed_shapes or self.num_processes == 1:
             return max(steps, 0)
         # Without even batches, trailing ranks may have nothing in the last global step.
         last_step_samples = self.num_samples - (self.global_steps() - 1) * self.global_batch
@@ -144,7 +150,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         order = self.epoch_order()
         steps = self.global_steps()
         pad = steps * self.global_batch - len(order)
-        if pad > 0 and self.even_batches and self.num_processes > 1:
+        if pad > 0 and (self.fixed_shapes or (self.even_batches and self.num_processes > 1)):
             # Complete the last global step with samples from the start of the epoch (cycling, for
             # datasets smaller than one global step).
             order = order + [order[i % len(order)] for i in range(pad)]
@@ -173,7 +179,8 @@ class DataLoaderShard:
     """
 
     def __init__(self, loader: DataLoader, batch_sampler: ShardedBatchSampler, device: torch.device,
-                 state: GradientState, generator: torch.Generator | None = None):
+                 state: GradientState, generator: torch.Generator | None = None,
+                 place: Callable[[Any], Any] | None = None):
         self.base_dataloader = loader
         self.generator = generator
         self.position = 0
@@ -183,8 +190,10 @@ class DataLoaderShard:
         self.batch_sampler = batch_sampler
         self.device = device
         self.gradient_state = state
-        # Batches built on CPU need no copy when the device is the CPU.
-        self._needs_move = device.type != "cpu"
+        # Batches built on CPU need no copy when the device is the CPU; ``place`` is the backend's
+        # way to put a batch on its device (XLA shards it over the mesh on the way).
+        self._place = place if place is not None else (
+            None if device.type == "cpu" else lambda batch: send_to_device(batch, device))
         self.dataset = loader.dataset
         self.batch_size = batch_sampler.per_process_batch
         self.end_of_dataloader = False
@@ -224,7 +233,7 @@ class DataLoaderShard:
                     self.end_of_dataloader = True
                     self.remainder = self.batch_sampler.last_step_remainder()
                 self.position += 1
-                yield send_to_device(current, self.device) if self._needs_move else current
+                yield self._place(current) if self._place is not None else current
                 current = upcoming
             # A finished pass leaves nothing to skip: a checkpoint taken now resumes at a fresh pass
             # (the evaluation loader, or the training loader once the loop moves to the next epoch).
@@ -276,6 +285,8 @@ def shard_dataloader(
     seed: int,
     even_batches: bool,
     split_batches: bool,
+    fixed_shapes: bool = False,
+    place: Callable[[Any], Any] | None = None,
 ) -> DataLoaderShard:
     """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
     workers); a RandomSampler becomes the seeded per-epoch shuffle, a LengthGroupedSampler the same
@@ -294,6 +305,7 @@ def shard_dataloader(
         process_index=process_index,
         even_batches=even_batches,
         split_batches=split_batches,
+        fixed_shapes=fixed_shapes,
     )
     generator = torch.Generator()
     rebuilt = DataLoader(
@@ -306,7 +318,7 @@ def shard_dataloader(
         worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
     )
-    return DataLoaderShard(rebuilt, sampler, device, state, generator)
+    return DataLoaderShard(rebuilt, sampler, device, state, generator, place)
 
 
 def skip_first_batches(loader: DataLoaderShard, num_batches: int) -> DataLoaderShard:

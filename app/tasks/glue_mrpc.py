@@ -111,7 +111,9 @@ class GlueMrpcTask:
         if self.cfg.predict_test and self._raw_test is None:
             raise ConfigError("task.predict_test=true needs a test split, and the MRPC data has none.")
         lengths = [len(ids) for ids in train["input_ids"]]
-        return TaskData(train=train, eval=validation, collate_fn=PairCollator(self.tokenizer),
+        # A compiling backend (XLA) builds one program per shape: every batch then has max_length tokens.
+        fixed_length = self.cfg.max_length if getattr(runtime, "static_shapes", False) else None
+        return TaskData(train=train, eval=validation, collate_fn=PairCollator(self.tokenizer, fixed_length),
                         train_lengths=lengths)
 
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, datasets.Dataset, Split | None]:
@@ -512,17 +514,22 @@ def split_swapped(row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class PairCollator:
-    """Pads rows to the longest in the batch (rows padded at tokenization stay max_length long);
-    swapped pairs, when the rows carry them, are padded on their own.
+    """Pads rows to the longest in the batch (rows padded at tokenization stay max_length long), or
+    to ``fixed_length`` when given (fixed shapes for XLA); swapped pairs, when the rows carry them,
+    are padded on their own.
 
     Returns a plain dict of tensors: BatchEncoding is not a dict subclass, and the engine moves
     batches to devices by walking dicts.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, fixed_length: int | None = None):
         from transformers import DataCollatorWithPadding
 
-        self._pad = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
+        if fixed_length is None:
+            self._pad = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
+        else:
+            self._pad = DataCollatorWithPadding(tokenizer, padding="max_length", max_length=fixed_length,
+                                                return_tensors="pt")
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if SWAPPED + "input_ids" not in rows[0]:

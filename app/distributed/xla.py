@@ -1,0 +1,260 @@
+"""PyTorch/XLA through SPMD: one process per host drives every XLA device of that host (TPU chips,
+or XLA's CPU device with ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=N`` in the tests).
+
+Layout. ``torch_xla.runtime.use_spmd()`` turns the host's devices into one virtual device; a 1-D
+mesh named ``data`` spans all devices of all hosts. Parameters carry no sharding annotation, so XLA
+replicates them; every batch is sharded along dim 0 over the mesh as it is placed on the device, so
+each device computes on its slice and XLA inserts the gradient all-reduce itself. On several hosts
+each process loads its own share of every global step (``process_index`` of ``process_count``) and
+hands it over as that host's part of the global batch (``ShardingSpec(minibatch=True)``).
+
+Meaning of the Accelerator API here. ``num_processes``/``process_index`` count processes (hosts),
+not devices. Tensors on the device are *global*: a gathered or reduced device tensor is already
+the whole batch's, so tensor collectives are identities; per-process values (objects, CPU
+tensors) go through a gloo group across hosts when there is more than one.
+
+Graphs. XLA traces lazily and compiles one graph per distinct shape and program; ``step_end``
+(``torch_xla.sync()``) cuts the graph once per optimizer step. Nothing else in a training step
+reads a device value on the host. Shapes are kept fixed by :attr:`XlaSpmdBackend.static_shapes`:
+the data loaders pad their last batch to full size and tasks pad sequences to a fixed length.
+
+This module imports ``torch_xla`` only when a backend is built, so the rest of the application
+works without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from app.config import ConfigError
+from app.distributed.backend import Backend
+from app.distributed.operations import recursively_apply
+
+INSTALL_HINT = ('hardware=tpu needs PyTorch/XLA, which is not installed; install it with pip install -e ".[tpu]" '
+                "(torch_xla 2.9.0 with torch 2.9.0).")
+NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
+               "XLA's CPU device (slow, for testing).")
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def xla_problem() -> str | None:
+    """Why ``hardware=tpu`` cannot run here (one sentence), or None. Cheap: imports nothing."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return INSTALL_HINT
+    if "PJRT_DEVICE" not in os.environ and not _tpu_attached():
+        # Left alone, torch_xla would quietly fall back to its CPU device: say so instead.
+        return NO_TPU_HINT
+    return None
+
+
+def _tpu_attached() -> bool:
+    """A Google PCI device is what torch_xla looks for before choosing PJRT_DEVICE=TPU."""
+    from pathlib import Path
+
+    for vendor in Path("/sys/bus/pci/devices").glob("*/vendor"):
+        try:
+            if vendor.read_text().strip() == _GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class XlaOps:
+    """The XLA device's own operations: its RNG seed, and the graph cut at the end of a step."""
+
+    type = "xla"
+    precisions = frozenset({"no", "bf16"})
+    fused_optimizers = False  # torch's fused kernels exist for CPU and CUDA only
+
+    def precision_refusal(self, mode: str) -> str:
+        return (f"precision={mode} does not run on TPUs (XLA has no fp16 loss scaling here); use "
+                "precision=bf16 or precision=no.")
+
+    def seed(self, seed: int) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        import torch_xla.core.xla_model as xm
+
+        # The device's seed as a 0-d int64 tensor (the checkpoint format stores tensors, not big ints).
+        return {"xla": torch.tensor(int(xm.get_rng_state()) % 2**63, dtype=torch.int64)}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        if "xla" not in state:
+            return  # written on another device type: its RNG does not continue here
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(int(state["xla"]))
+
+    def free_memory(self) -> None:
+        """XLA frees device buffers when their tensors die; there is no cache to empty."""
+
+    def step_end(self) -> None:
+        import torch_xla
+
+        torch_xla.sync()
+
+
+XLA = XlaOps()
+
+
+class XlaSpmdBackend(Backend):
+    """All XLA devices of this host as one SPMD program; see the module docstring."""
+
+    static_shapes = True
+
+    def __init__(self) -> None:
+        problem = xla_problem()
+        if problem is not None:
+            raise ConfigError(problem)
+        import numpy as np
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        super().__init__(torch_xla.device())
+        self.ops = XLA
+        self.num_devices = xr.global_runtime_device_count()
+        self.local_devices = xr.addressable_runtime_device_count()
+        self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
+        self.num_processes = xr.process_count()
+        self.process_index = xr.process_index()
+        self._specs: dict[int, Any] = {}
+        self._group_owned = False
+        if self.num_processes > 1:
+            self._join_host_group()
+
+    def _join_host_group(self) -> None:
+        """A gloo group over the hosts, for objects and per-process CPU values (several hosts only)."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            # torch_xla's xla:// rendezvous knows the hosts of the slice; gloo carries host data.
+            import torch_xla.distributed.xla_backend  # noqa: F401  (registers xla://)
+
+            dist.init_process_group("gloo", init_method="xla://")
+            self._group_owned = True
+
+    @property
+    def distributed_type(self) -> str:
+        return "XLA"
+
+    # -- data -----------------------------------------------------------------------------------------
+    def place_batch(self, batch: Any) -> Any:
+        """Copy a host batch to the device, every tensor with a batch dimension sharded along it."""
+        import torch_xla
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() == 0:
+                return t.to(self.device)
+            if t.shape[0] % self.local_devices:
+                raise ConfigError(
+                    f"a batch of {t.shape[0]} samples cannot be split evenly over this host's {self.local_devices} "
+                    f"XLA devices; make trainer.batch_size (and trainer.eval_batch_size) a multiple of "
+                    f"{self.local_devices}.")
+            spec = self._sharding(t.dim())
+            return torch_xla._XLAC._xla_tensors_from_aten([t], [str(self.device)], [spec.xla_spec(t)])[0]
+
+        return recursively_apply(place, batch, error_on_other=False)
+
+    def _sharding(self, rank: int) -> Any:
+        """Dim 0 over the ``data`` axis, the other dims whole; one spec per tensor rank."""
+        if rank not in self._specs:
+            import torch_xla.distributed.spmd as xs
+
+            partition = ("data",) + (None,) * (rank - 1)
+            self._specs[rank] = xs.ShardingSpec(self.mesh, partition, minibatch=self.num_processes > 1)
+        return self._specs[rank]
+
+    # -- model ----------------------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        # No sharding annotation: SPMD replicates the parameters on every device.
+        return model.to(self.device)
+
+    @property
+    def fused_optimizers(self) -> bool:
+        return False
+
+    # -- collectives: device tensors are global already -----------------------------------------------
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The whole (global) tensor, replicated on every device and computed: gathering is how
+        results reach the host (metrics), so it cuts the graph here.
+
+        Replicated, because copying a still-sharded result to the host compiles a fresh resharding
+        program at every call (measured: one per evaluation batch); cut, because a bare copy runs
+        only the part of the graph it needs, and what stays pending (dropout's RNG seed, buffers)
+        would change the next training step's graph (measured: two new graphs after every
+        evaluation on BERT). Gather at evaluation or log points, not inside every training step."""
+        if tensor.device.type != "xla":
+            if self.num_processes > 1:
+                return self._host_all_gather(tensor)
+            return tensor.reshape(1) if tensor.dim() == 0 else tensor
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+
+        is_bool = tensor.dtype is torch.bool
+        # A computed copy (``clone`` of device data keeps the data's own sharding), annotated as replicated.
+        whole = (tensor.to(torch.uint8) if is_bool else tensor).reshape(tensor.shape or (1,)) + 0
+        xs.mark_sharding(whole, self.mesh, (None,) * whole.dim())
+        torch_xla.sync()
+        return whole.bool() if is_bool else whole
+
+    def all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        if op not in ("sum", "mean", "max", "min"):
+            raise ValueError(f"reduction must be one of ['max', 'mean', 'min', 'sum'], got {op!r}.")
+        if tensor.device.type != "xla" and self.num_processes > 1:
+            return self._host_all_reduce(tensor, op)
+        return tensor.clone()
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.num_processes == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.num_processes
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        if self.num_processes == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.num_processes > 1:
+            import torch_xla.core.xla_model as xm
+
+            xm.rendezvous("app-barrier")
+
+    def _host_all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = self.all_gather_object(tensor.reshape(1) if tensor.dim() == 0 else tensor)
+        return torch.cat(parts)
+
+    def _host_all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        stacked = torch.stack(self.all_gather_object(tensor.detach()))
+        reduced = {"sum": stacked.sum, "mean": stacked.mean, "max": stacked.amax, "min": stacked.amin}[op](dim=0)
+        return reduced.to(tensor.dtype) if op != "mean" else reduced
+
+    def step_end(self) -> None:
+        XLA.step_end()
+
+    def shutdown(self) -> None:
+        if self._group_owned:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self._group_owned = False
