@@ -34,6 +34,7 @@ class HardwareKind(enum.Enum):
     multi_cpu = "multi_cpu"
     multi_gpu = "multi_gpu"
     fsdp = "fsdp"
+    tpu = "tpu"
 
 
 class PrecisionMode(enum.Enum):
@@ -57,8 +58,8 @@ class HardwareConfig:
     """Where the run executes."""
 
     kind: HardwareKind = HardwareKind.cpu
-    """cpu, gpu (one CUDA device), multi_cpu (DDP on gloo), multi_gpu (DDP on nccl), fsdp (FSDP2);
-    see app/distributed/hardware/."""
+    """cpu, gpu (one CUDA device), multi_cpu (DDP on gloo), multi_gpu (DDP on nccl), fsdp (FSDP2),
+    tpu (PyTorch/XLA, SPMD over a host's devices); see app/distributed/hardware/."""
     num_processes: int = 1
     """Worker processes on this machine; more than one needs a multi-process kind."""
     num_nodes: int = 1

@@ -19,9 +19,9 @@ from tests.conftest import REPO, compose_config
 
 # Only these files may name a device type or a collective library in code: the hardware package
 # (one file per kind, and the device types' operations) and the torch.distributed backends, whose
-# torch APIs differ on CUDA. Comments and docstrings may mention them; the engine's own test
+# torch APIs differ on CUDA, and the XLA one. Comments and docstrings may mention them; the engine's own test
 # (test_engine.py) is stricter and forbids even that.
-HARDWARE_FILES = ("app/distributed/hardware/", "app/distributed/torch_distributed.py")
+HARDWARE_FILES = ("app/distributed/hardware/", "app/distributed/torch_distributed.py", "app/distributed/xla_spmd.py")
 DEVICE_NAMES = re.compile(r"\b(cuda|xla|gloo|nccl|mps)\b", re.IGNORECASE)
 
 

@@ -357,7 +357,10 @@ def dedupe_shared(tensors: dict[str, torch.Tensor], drop_first: set[str] | froze
     for name, t in tensors.items():
         if t.device.type == "meta" or t.numel() == 0:
             continue
-        storage = (t.device, t.untyped_storage().data_ptr())
+        try:
+            storage = (t.device, t.untyped_storage().data_ptr())
+        except RuntimeError:  # a lazy device's tensor (XLA) exposes no storage: stored as it is
+            continue
         by_storage.setdefault(storage, []).append(name)
         groups.setdefault((storage, t.data_ptr(), t.dtype, tuple(t.shape), t.stride()), []).append(name)
     shared = {s for s, names in by_storage.items() if len(names) > 1}

@@ -300,7 +300,22 @@ def load_full_optimizer_state(backend: Backend, model: nn.Module | None, optimiz
     from app.distributed.checkpoint_fsdp import by_parameter_index
 
     inner = backend.unwrap_model(model) if model is not None else None
-    _load_into(optimizer, folder, name, convert=lambda state: by_parameter_index(state, inner, optimizer))
+    _load_into(optimizer, folder, name,
+               convert=lambda state: keep_implementation(by_parameter_index(state, inner, optimizer), optimizer))
+
+
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+"""Param-group entries that choose the optimizer's kernels for this run's device, not training state."""
+
+
+def keep_implementation(state: dict[str, Any], optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The saved state with this optimizer's kernel choices: a checkpoint written on a device with
+    fused kernels (CPU) must not ask for them on one without (XLA), and the other way round."""
+    for saved, current in zip(state.get("param_groups", []), optimizer.param_groups):
+        for key in _IMPLEMENTATION_KEYS:
+            if key in current:
+                saved[key] = current[key]
+    return state
 
 
 # -- RNG -------------------------------------------------------------------------------------------

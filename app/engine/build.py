@@ -88,8 +88,9 @@ def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = Fa
     if "fused" in options and options["fused"] is None:
         options["fused"] = fused_available or None  # None: torch's own default (foreach or a loop)
     groups = parameter_groups(model, options.get("weight_decay", 0.0), lr=options["lr"], layer_decay=layer_decay)
-    # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs.
-    return instantiate(options, _partial_=True)(params=groups)
+    # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs. "all":
+    # plain lists (betas), which the checkpoint format stores (torch < 2.10 keeps them as given).
+    return instantiate(options, _partial_=True, _convert_="all")(params=groups)
 
 
 def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from app.distributed.hardware.gpu import GpuSpec
 from app.distributed.hardware.multi_cpu import MultiCpuSpec
 from app.distributed.hardware.multi_gpu import MultiGpuSpec
 from app.distributed.hardware.spec import HardwareSpec
+from app.distributed.hardware.tpu import TpuSpec
 
 if TYPE_CHECKING:
     from app.config import HardwareConfig
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 SPECS: dict[str, HardwareSpec] = {
     # Also the order in which an Accelerator() without a config asks HardwareSpec.detects: "cpu",
     # which takes any single process, stays last.
-    # "tpu": XlaSpec(),  -- PyTorch/XLA (xla.py): one line here, before the CPU and GPU kinds
+    "tpu": TpuSpec(),
     "multi_cpu": MultiCpuSpec(),
     "multi_gpu": MultiGpuSpec(),
     "fsdp": FsdpSpec(),

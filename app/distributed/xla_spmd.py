@@ -24,9 +24,6 @@ works without it.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -34,77 +31,8 @@ from torch import nn
 
 from app.config import ConfigError
 from app.distributed.backend import Backend
+from app.distributed.hardware.xla import XLA, xla_problem
 from app.distributed.operations import recursively_apply
-
-INSTALL_HINT = ('hardware=tpu needs PyTorch/XLA, which is not installed; install it with pip install -e ".[tpu]" '
-                "(torch_xla 2.9.0 with torch 2.9.0).")
-NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
-               "XLA's CPU device (slow, for testing).")
-_GOOGLE_PCI_VENDOR = "0x1ae0"
-
-
-def xla_problem() -> str | None:
-    """Why ``hardware=tpu`` cannot run here (one sentence), or None. Cheap: imports nothing."""
-    if importlib.util.find_spec("torch_xla") is None:
-        return INSTALL_HINT
-    if "PJRT_DEVICE" not in os.environ and not _tpu_attached():
-        # Left alone, torch_xla would quietly fall back to its CPU device: say so instead.
-        return NO_TPU_HINT
-    return None
-
-
-def _tpu_attached() -> bool:
-    """A Google PCI device is what torch_xla looks for before choosing PJRT_DEVICE=TPU."""
-    from pathlib import Path
-
-    for vendor in Path("/sys/bus/pci/devices").glob("*/vendor"):
-        try:
-            if vendor.read_text().strip() == _GOOGLE_PCI_VENDOR:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-class XlaOps:
-    """The XLA device's own operations: its RNG seed, and the graph cut at the end of a step."""
-
-    type = "xla"
-    precisions = frozenset({"no", "bf16"})
-    fused_optimizers = False  # torch's fused kernels exist for CPU and CUDA only
-
-    def precision_refusal(self, mode: str) -> str:
-        return (f"precision={mode} does not run on TPUs (XLA has no fp16 loss scaling here); use "
-                "precision=bf16 or precision=no.")
-
-    def seed(self, seed: int) -> None:
-        import torch_xla.core.xla_model as xm
-
-        xm.set_rng_state(seed)
-
-    def rng_state(self) -> dict[str, Any]:
-        import torch_xla.core.xla_model as xm
-
-        # The device's seed as a 0-d int64 tensor (the checkpoint format stores tensors, not big ints).
-        return {"xla": torch.tensor(int(xm.get_rng_state()) % 2**63, dtype=torch.int64)}
-
-    def set_rng_state(self, state: Mapping[str, Any]) -> None:
-        if "xla" not in state:
-            return  # written on another device type: its RNG does not continue here
-        import torch_xla.core.xla_model as xm
-
-        xm.set_rng_state(int(state["xla"]))
-
-    def free_memory(self) -> None:
-        """XLA frees device buffers when their tensors die; there is no cache to empty."""
-
-    def step_end(self) -> None:
-        import torch_xla
-
-        torch_xla.sync()
-
-
-XLA = XlaOps()
 
 
 class XlaSpmdBackend(Backend):
@@ -123,7 +51,8 @@ class XlaSpmdBackend(Backend):
 
         xr.use_spmd()
         super().__init__(torch_xla.device())
-        self.ops = XLA
+        # set_seed seeded torch before the backend existed: the device's stream follows that seed.
+        XLA.seed(torch.initial_seed() % 2**63)
         self.num_devices = xr.global_runtime_device_count()
         self.local_devices = xr.addressable_runtime_device_count()
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
@@ -246,11 +175,11 @@ class XlaSpmdBackend(Backend):
 
     def _host_all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         stacked = torch.stack(self.all_gather_object(tensor.detach()))
-        reduced = {"sum": stacked.sum, "mean": stacked.mean, "max": stacked.amax, "min": stacked.amin}[op](dim=0)
-        return reduced.to(tensor.dtype) if op != "mean" else reduced
-
-    def step_end(self) -> None:
-        XLA.step_end()
+        if op == "mean":  # integers become floats, as with DDP
+            return stacked.sum(dim=0) / self.num_processes
+        if op == "sum":
+            return stacked.sum(dim=0)
+        return stacked.amax(dim=0) if op == "max" else stacked.amin(dim=0)
 
     def shutdown(self) -> None:
         if self._group_owned:

@@ -1,0 +1,47 @@
+"""``hardware=tpu``: PyTorch/XLA through SPMD, one process per host driving all of its XLA devices
+(TPU chips; XLA's CPU device with ``PJRT_DEVICE=CPU`` for tests). The backend is
+``app/distributed/xla_spmd.py``."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from app.config import ConfigError, HardwareConfig, PrecisionMode, RunConfig
+from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
+from app.distributed.hardware.xla import XLA, xla_problem
+
+if TYPE_CHECKING:
+    from app.distributed.backend import Backend
+
+
+class TpuSpec(HardwareSpec):
+    kind = "tpu"
+    devices = (XLA,)
+
+    def check_precision(self, mode: PrecisionMode, visible: Visible) -> None:
+        if mode.value not in XLA.precisions:
+            raise ConfigError(XLA.precision_refusal(mode.value))
+
+    def check_devices(self, hw: HardwareConfig, visible: Visible) -> None:
+        problem = xla_problem()
+        if problem is not None:
+            raise ConfigError(problem)
+
+    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched) -> None:
+        # Precision first: fp16 is a config error whether or not torch_xla is installed here.
+        self.check_precision(cfg.precision.mode, visible)
+        super().validate(cfg, visible, launched)
+
+    def detects(self, world_size: int, cpu: bool) -> bool:
+        """XLA wherever it can run (a TPU, or PJRT_DEVICE set), for one process; and for a process
+        count asked for outside any launcher (``notebook_launcher(num_processes=8)``, as on
+        Accelerate's TPU path): SPMD drives every device from this one process."""
+        if cpu or xla_problem() is not None:
+            return False
+        return world_size == 1 or "WORLD_SIZE" not in os.environ
+
+    def build_backend(self, hw: HardwareConfig) -> Backend:
+        from app.distributed.xla_spmd import XlaSpmdBackend
+
+        return XlaSpmdBackend()

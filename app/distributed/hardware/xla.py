@@ -1,0 +1,91 @@
+"""PyTorch/XLA: the XLA device's operations (RNG seed, graph cut, what precisions it runs) and the
+checks that say, in one sentence, why it cannot run here. Nothing here imports ``torch_xla`` until an
+operation needs it, so the application loads without it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from app.distributed.hardware.device import DeviceOps
+
+INSTALL_HINT = ('hardware=tpu needs PyTorch/XLA, which is not installed; install it with pip install -e ".[tpu]" '
+                "(torch_xla 2.9.0, which needs torch 2.9.0).")
+NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
+               "XLA's CPU device (slow, for testing).")
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def xla_problem() -> str | None:
+    """Why XLA cannot run here (one sentence), or None. Cheap: imports nothing."""
+    if importlib.util.find_spec("torch_xla") is None:
+        return INSTALL_HINT
+    if "PJRT_DEVICE" not in os.environ and not tpu_attached():
+        # Left alone, torch_xla would quietly fall back to its CPU device: say so instead.
+        return NO_TPU_HINT
+    return None
+
+
+def tpu_attached() -> bool:
+    """A Google PCI device: what torch_xla looks for before it chooses PJRT_DEVICE=TPU itself."""
+    for vendor in Path("/sys/bus/pci/devices").glob("*/vendor"):
+        try:
+            if vendor.read_text().strip() == _GOOGLE_PCI_VENDOR:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class XlaOps(DeviceOps):
+    type = "xla"
+    collective_backend = "gloo"  # between hosts, for objects; device tensors need none under SPMD
+    precisions = frozenset({"no", "bf16"})
+    fused_optimizers = False  # torch's fused kernels exist for CPU and CUDA only
+
+    def local_device(self, local_rank: int) -> torch.device:
+        import torch_xla
+
+        return torch_xla.device()
+
+    def precision_refusal(self, mode: str) -> str:
+        return (f"precision={mode} does not run on hardware=tpu (XLA has no fp16 loss scaling here); use "
+                "precision=bf16 or precision=no.")
+
+    def seed(self, seed: int) -> None:
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(seed)
+
+    def rng_state(self) -> dict[str, Any]:
+        import torch_xla.core.xla_model as xm
+
+        # The device's 64-bit seed as a 0-d int64 tensor (the checkpoint format stores tensors, not
+        # big ints): the same bits, read back below.
+        seed = int(xm.get_rng_state())
+        return {"xla": torch.tensor(seed - 2**64 if seed >= 2**63 else seed, dtype=torch.int64)}
+
+    def set_rng_state(self, state: Mapping[str, Any]) -> None:
+        if "xla" not in state:
+            return  # written on another device type: that RNG does not continue here
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(int(state["xla"]) % 2**64)
+
+    def free_memory(self) -> None:
+        """XLA frees a device buffer when its last tensor dies; there is no cache to empty."""
+
+    def step_end(self) -> None:
+        """One graph cut per optimizer step: everything traced since the last cut compiles (once per
+        distinct graph) and runs."""
+        import torch_xla
+
+        torch_xla.sync()
+
+
+XLA = XlaOps()

@@ -1,0 +1,277 @@
+"""``hardware=tpu`` on PyTorch/XLA, run on XLA's CPU device (``PJRT_DEVICE=CPU CPU_NUM_DEVICES=2``:
+two devices for SPMD). .ci/run runs these in .venv-xla (torch 2.9.0 + torch_xla 2.9.0) with
+``-m xla``; in an environment without torch_xla they skip with the reason, except the test of
+what happens without it.
+
+XLA:CPU compiles slowly, so the runs are short; in-process runs share one XLA runtime (and its
+compiled-graph cache), the runs that need another device count or a SIGKILL are subprocesses.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.config import ConfigError, validate
+from app.distributed.checkpoint_store import FAULT_ENV, complete_checkpoints
+from app.distributed.hardware.xla import tpu_attached, xla_problem
+from tests.conftest import SHARED_DATA, compose_config, run_app
+
+pytestmark = pytest.mark.xla
+
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+needs_xla = pytest.mark.skipif(
+    xla_problem() is not None,
+    reason=f"{xla_problem()} (.ci/run runs these in .venv-xla with PJRT_DEVICE=CPU CPU_NUM_DEVICES=2)")
+QUIET = ("logging.progress_bar=false", "logging.trackers=[]", "early_stopping.patience=null")
+
+
+def events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def compiled_graphs() -> int:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return int(data[0]) if data else 0
+
+
+def host_reads() -> int:
+    """Device values read by the host (``.item()`` and the like): each one is a sync point."""
+    import torch_xla.debug.metrics as met
+
+    return int(met.counter_value("aten::_local_scalar_dense") or 0)
+
+
+def last_line(proc) -> str:
+    return proc.stderr.strip().splitlines()[-1]
+
+
+# -- refusals: one sentence, exit 2 -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_TORCH_XLA, reason="torch_xla is installed here")
+@pytest.mark.timeout(120)
+def test_without_torch_xla_hardware_tpu_exits_2_saying_how_to_install_it(tmp_path):
+    proc = run_app("hardware=tpu", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert last_line(proc).startswith("error: hardware=tpu needs PyTorch/XLA") and 'pip install -e ".[tpu]"' in \
+        last_line(proc)
+
+
+def test_fp16_on_tpu_is_refused_in_one_sentence_installed_or_not():
+    with pytest.raises(ConfigError, match=r"^precision=fp16 does not run on hardware=tpu.*precision=bf16") as err:
+        validate(compose_config("hardware=tpu", "precision=fp16"))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not HAS_TORCH_XLA or tpu_attached(), reason="needs torch_xla on a machine without a TPU")
+@pytest.mark.timeout(120)
+def test_with_torch_xla_but_no_tpu_and_no_pjrt_device_it_says_so(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
+    proc = subprocess.run([sys.executable, "-m", "app", "hardware=tpu", f"hydra.run.dir={tmp_path / 'run'}"],
+                          check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "found no TPU" in last_line(proc) and "PJRT_DEVICE=CPU" in last_line(proc)
+
+
+# -- training on XLA ----------------------------------------------------------------------------------
+
+
+class Recorder:
+    """A checkpoint hook that writes nothing: it notes, at every evaluation, the graphs compiled and
+    the host reads so far."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, tuple[int, int, dict[str, float]]] = {}
+
+    def on_step_end(self, state, metrics) -> None:
+        if metrics is not None:
+            self.at[state.global_step] = (compiled_graphs(), host_reads(), metrics)
+
+    def on_epoch_end(self, state, metrics) -> None:
+        pass
+
+
+@needs_xla
+@pytest.mark.timeout(300)
+def test_spmd_bf16_digits_compiles_nothing_new_after_warm_up_and_reads_the_host_only_at_log_points(tmp_path):
+    from app.distributed.random import set_seed
+    from app.engine.build import build_accelerator, build_components, build_early_stopping
+    from app.engine.loop import LoopState, fit
+
+    cfg = compose_config("hardware=tpu", "precision=bf16", "trainer.max_steps=40", "trainer.eval_every_n_steps=10",
+                         "trainer.log_every_n_steps=5", *QUIET)
+    set_seed(cfg.seed)
+    acc = build_accelerator(cfg, tmp_path)
+    assert acc.distributed_type == "XLA" and acc.num_processes == 1 and acc.static_shapes
+    assert acc.backend.num_devices == 2 and acc.mixed_precision == "bf16"
+    components = build_components(cfg, acc)
+    x, _ = next(iter(components.train_loader))
+    import torch_xla
+
+    assert "devices=[2" in torch_xla._XLAC._get_xla_sharding_spec(x)  # the batch is split over both devices
+    recorder = Recorder()
+    fit(components, cfg, LoopState(), build_early_stopping(cfg), recorder)
+
+    assert sorted(recorder.at) == [10, 20, 30, 40]
+    graphs = {step: g for step, (g, _, _) in recorder.at.items()}
+    # Warm-up compiles: the first steps, the first log point, the first evaluation and the first step
+    # after it (about a dozen graphs); then 20 more steps with 2 more evaluations compile nothing.
+    assert graphs[40] == graphs[20] and graphs[20] - graphs[10] <= 1 and graphs[10] <= 15, graphs
+    reads = recorder.at[40][1] - recorder.at[10][1]
+    assert reads < 30, f"{reads} host reads in 30 steps: something reads the device every step"
+    # Evaluation batches are padded to full size; gather_for_metrics drops the padding.
+    assert all(m["eval/num_samples"] == 360 for _, _, m in recorder.at.values())
+    assert recorder.at[40][2]["eval/accuracy"] > 0.5
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_devices_follow_one_device_with_the_same_global_batch(tmp_path):
+    """SPMD splits each batch of 32 over the devices; the result is the one-device run's."""
+    args = ("hardware=tpu", "trainer.max_steps=20", "trainer.log_every_n_steps=2", "trainer.eval_every_n_steps=20",
+            "checkpoint.every_epoch=false", "checkpoint.save_final_model=false", "logging.progress_bar=false",
+            "logging.trackers=[]")
+    losses = {}
+    for devices in ("1", "2"):
+        run_dir = tmp_path / devices
+        run_app(*args, f"hydra.run.dir={run_dir}", cwd=tmp_path, env={"CPU_NUM_DEVICES": devices}, check=True)
+        losses[devices] = [e["train/loss"] for e in events(run_dir) if "train/loss" in e]
+    assert len(losses["1"]) == 10
+    assert losses["1"] == pytest.approx(losses["2"], abs=1e-4), losses
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_an_xla_checkpoint_resumes_on_cpu_and_a_cpu_checkpoint_on_xla(tmp_path):
+    """One checkpoint format: what one hardware kind saved, the other continues (the optimizer's own
+    step count included). Separate processes, as a user would run them."""
+    from app.distributed.checkpoint_format import read_state
+
+    base = ("trainer.max_epochs=3", "trainer.eval_every_n_steps=15", "checkpoint.every_epoch=false",
+            "checkpoint.every_n_steps=15", *QUIET)
+    for first, then in (("tpu", "cpu"), ("cpu", "tpu")):
+        run_dir = tmp_path / f"{first}-then-{then}"
+        run_app(f"hardware={first}", "trainer.max_steps=15", *base, f"hydra.run.dir={run_dir}", cwd=tmp_path,
+                check=True)
+        run_app(f"resume={run_dir}", f"hardware={then}", "trainer.max_steps=30", cwd=tmp_path, check=True)
+        evals = [e for e in events(run_dir) if "eval/accuracy" in e]
+        assert [e["step"] for e in evals] == [15, 30] and evals[1]["eval/num_samples"] == 360
+        assert evals[1]["eval/accuracy"] > evals[0]["eval/accuracy"]
+        newest, manifest = complete_checkpoints(run_dir / "checkpoints")[-1]
+        optimizer = read_state(newest, "optimizer")
+        assert manifest.step == 30 and {float(s["step"]) for s in optimizer["state"].values()} == {30.0}
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_killed_on_xla_and_resumed_ends_bitwise_identical(tmp_path):
+    args = ("hardware=tpu", "trainer.max_steps=30", "checkpoint.every_n_steps=10", "checkpoint.every_epoch=false",
+            "trainer.log_every_n_steps=5", "trainer.eval_every_n_steps=15", "logging.progress_bar=false",
+            "logging.trackers=[]", "early_stopping.patience=null")
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True)
+    # SIGKILL with the second checkpoint (step 20) half written: the run resumes from step 10.
+    proc = run_app(*args, f"hydra.run.dir={run}", cwd=tmp_path, env={FAULT_ENV: "files:1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert [m.step for _, m in complete_checkpoints(run / "checkpoints")] == [10]
+    run_app(f"resume={run}", cwd=tmp_path, check=True)
+
+    assert (run / "model" / "model.safetensors").read_bytes() == \
+        (reference / "model" / "model.safetensors").read_bytes()
+
+    def logged(run_dir: Path) -> list[tuple]:
+        return [tuple(sorted((k, v) for k, v in e.items() if k != "train/samples_per_s")) for e in events(run_dir)]
+
+    assert logged(run) == logged(reference)
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_glue_mrpc_on_xla_in_bf16_pads_to_fixed_shapes_and_gathers_every_validation_pair(tmp_path):
+    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+
+    real = SHARED_DATA / "glue_mrpc"
+    if real.is_dir():
+        data_dir, expected = real, 408  # 12 full batches of 32 and one of 24, padded to 32
+        rows = (real / "train.tsv").read_text(encoding="utf-8").splitlines()[1:601]
+        sentences = [s for row in rows for s in row.split("\t")[3:5]]
+    else:
+        data_dir, expected = make_tiny_glue_tsv(tmp_path / "data", n_train=64, n_val=21), 21
+        sentences = [s for _, a, b in synthetic_pairs(200, seed=3) for s in (a, b)]
+    model = make_tiny_bert(tmp_path / "tiny_bert", sentences)
+    run_dir = tmp_path / "run"
+    run_app(f"hydra.run.dir={run_dir}", "task=glue_mrpc", "hardware=tpu", "precision=bf16",
+            f"task.data_dir={data_dir}", f"task.model={model}", f"task.cache_dir={tmp_path / 'cache'}",
+            "task.max_length=32", "trainer.max_steps=4", "trainer.eval_every_n_steps=2", "trainer.batch_size=8",
+            "trainer.eval_batch_size=32", "logging.trackers=[]", "logging.progress_bar=false",
+            cwd=tmp_path, check=True, timeout=480)
+    evals = [e for e in events(run_dir) if "eval/f1" in e]
+    assert [e["step"] for e in evals] == [2, 4] and all(e["eval/num_samples"] == expected for e in evals)
+
+    from transformers import AutoModelForSequenceClassification
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(run_dir / "model")
+    assert loaded.config.num_labels == 2
+
+
+@needs_xla
+@pytest.mark.timeout(300)
+def test_notebook_launcher_runs_spmd_in_this_process_with_a_model_built_outside():
+    from app.distributed import Accelerator, notebook_launcher
+
+    def train(model: torch.nn.Module) -> tuple[int, str, int, float]:
+        accelerator = Accelerator()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+        for _ in range(3):
+            loss = (model(accelerator.backend.place_batch(x)) - 1).pow(2).mean()
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        return os.getpid(), accelerator.distributed_type, accelerator.num_processes, float(loss)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    # Asked for 2 processes as on Accelerate's TPU path: SPMD drives both devices from this process.
+    (result,) = notebook_launcher(train, args=(model,), num_processes=2, mixed_precision="bf16")
+    assert result[:3] == (os.getpid(), "XLA", 1) and result[3] == result[3]  # a finite loss
+
+
+# -- fixed shapes, without XLA: what the static_shapes backend property does to the data path --------
+
+
+def test_static_shapes_pad_every_last_batch_and_gather_for_metrics_drops_the_padding():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from app.distributed import Accelerator, Backend
+
+    class FixedShapeCpuBackend(Backend):
+        static_shapes = True
+
+    acc = Accelerator(backend=FixedShapeCpuBackend(torch.device("cpu")), seed=0)
+    data = TensorDataset(torch.arange(408))
+    eval_loader = acc.prepare(DataLoader(data, batch_size=32))
+    sizes, gathered = [], []
+    for (batch,) in eval_loader:
+        sizes.append(len(batch))
+        gathered.append(acc.gather_for_metrics(batch))
+    assert sizes == [32] * 13  # 12 full batches and 24 samples padded to 32 from the epoch's start
+    assert torch.equal(torch.cat(gathered), torch.arange(408))
+    train_loader = acc.prepare(DataLoader(data, batch_size=32, shuffle=True))
+    assert {len(batch) for (batch,) in train_loader} == {32} and len(train_loader) == 13
