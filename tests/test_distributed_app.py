@@ -67,10 +67,13 @@ def test_python_m_app_trains_on_two_processes_with_one_folder_bar_and_log(tmp_pa
     assert [p.name for p in run_dir.rglob("metrics.jsonl")] == ["metrics.jsonl"]
     best = max(r["eval/accuracy"] for r in _records(run_dir) if "eval/accuracy" in r)
     assert best >= 0.95
-    # One progress bar: tqdm draws "| 0/<total>" once per bar; rank 1 draws none.
-    assert proc.stderr.count("| 0/") == 1
+    # One training bar, and one evaluation bar per evaluation: all from rank 0 (tqdm draws
+    # "<name>:   0%" once when a bar opens); rank 1 draws none.
+    assert proc.stderr.count("train:   0%") == 1
+    evaluations = sum("eval/accuracy" in r for r in _records(run_dir))
+    assert proc.stderr.count("eval:   0%") == evaluations
     log = (run_dir / "app.log").read_text()
-    assert log.count("training digits on 2 process(es)") == 1
+    assert log.count("training digits;") == 1 and log.count("2 process(es) on cpu") == 1
     assert len(list(run_dir.rglob("events.out.tfevents*"))) == 1  # the tracker runs on rank 0 only
 
 
@@ -124,7 +127,8 @@ def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> Path:
     [run_dir] = _run_folders(tmp_path)
     assert list(tmp_path.rglob("metrics.jsonl")) == [run_dir / "metrics.jsonl"]
     assert list(tmp_path.rglob("*.log")) == [run_dir / "app.log"]
-    assert (run_dir / "app.log").read_text().count("training digits on 2 process(es)") == 1
+    log = (run_dir / "app.log").read_text()
+    assert log.count("training digits;") == 1 and log.count("2 process(es) on cpu") == 1
     assert any("eval/accuracy" in r for r in _records(run_dir))
     return run_dir
 
