@@ -188,6 +188,8 @@ def claim_from_argv(argv: list[str]) -> list[str]:
     ``.hydra/`` record until the resume is accepted. Returns the arguments to give Hydra."""
     if any(arg in ("-m", "--multirun") for arg in argv) or int(os.environ.get("RANK", "0")) != 0:
         return argv
+    if any(arg.split("=", 1)[0] in ("--cfg", "-c", "--info", "-i", "--resolve") for arg in argv):
+        return argv  # Hydra only prints: no run, nothing to claim
     run_dir = _value(argv, "hydra.run.dir")
     if run_dir is None or "${" in run_dir:
         return argv

@@ -90,3 +90,11 @@ def test_a_live_run_holds_its_folder_and_a_killed_one_lets_go(tmp_path):
         RunFolderLock.acquire(run)  # one holder at a time, also within a process
     lock.release()
     assert not (run / LOCK_FILE).exists()
+
+
+def test_printing_the_config_claims_no_folder(tmp_path, monkeypatch):
+    from app.run_folder import claim_from_argv
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["--cfg", "job", "hydra.run.dir=somewhere"]
+    assert claim_from_argv(argv) == argv and not (tmp_path / "somewhere").exists()
