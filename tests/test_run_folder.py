@@ -31,6 +31,7 @@ def refused(proc: subprocess.CompletedProcess, fragment: str) -> str:
     return last
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_used_run_folder_is_never_clobbered(tmp_path):
     run = tmp_path / "run"
