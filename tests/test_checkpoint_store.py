@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +154,29 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoints_intact(tmp_path, p
     assert any(p.name.startswith(".tmp-checkpoint_1-") for p in root.iterdir())
     assert store.find_checkpoint(tmp_path / "run") == root / "checkpoint_0"
     assert store.next_save_number(root) == 1
+
+
+@pytest.mark.timeout(60)
+def test_cleanup_leaves_a_live_writers_temporary_folder_alone(tmp_path):
+    root = tmp_path / "checkpoints"
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from app.distributed import checkpoint_store as store
+        print(store.temporary_folder(Path({str(root)!r}), 5), flush=True)
+        time.sleep(120)
+    """)
+    writer = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        theirs = Path(writer.stdout.readline().strip())
+        assert theirs.is_dir() and f"-{writer.pid}@" in theirs.name
+        mine = store.temporary_folder(root, 6)
+        (root / ".tmp-checkpoint_rotated-checkpoint_1-0a1b2c3d").mkdir()  # a crashed rotation's leftover
+        store.clean_temporaries(root)
+        assert [p.name for p in root.iterdir()] == [theirs.name]  # ours and the crash's go, the live one stays
+        assert not mine.exists()
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    store.clean_temporaries(root)  # its writer is gone now
+    assert list(root.iterdir()) == []

@@ -27,6 +27,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -267,7 +268,8 @@ def next_save_number(root: Path) -> int:
 
 def temporary_folder(root: Path, save_number: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{_TEMP_PREFIX}{save_number}-{secrets.token_hex(4)}"
+    # The writer's pid and host in the name: clean_temporaries leaves a live writer's folder alone.
+    path = root / f"{_TEMP_PREFIX}{save_number}-{os.getpid()}@{_host()}-{secrets.token_hex(4)}"
     path.mkdir()
     return path
 
@@ -307,14 +309,40 @@ def replace_folder(temporary: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _host() -> str:
+    return re.sub(r"[^\w.-]", "_", socket.gethostname())
+
+
+_OWNER = re.compile(r"-(\d+)@([\w.-]+)-[0-9a-f]+(-old)?$")
+
+
+def _owned_by_another_live_process(path: Path) -> bool:
+    """Whether a temporary folder's name says a process other than this one, still running on this
+    host, writes it. (A run folder is locked by its run, so this matters only for several scripts
+    sharing a project_dir; a writer on another host is not waited for.)"""
+    match = _OWNER.search(path.name)
+    if match is None or match.group(2) != _host() or int(match.group(1)) == os.getpid():
+        return False
+    try:
+        os.kill(int(match.group(1)), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def clean_temporaries(root: Path) -> None:
-    """Remove ``.tmp-checkpoint_*`` folders left by a crash. Only our own names, and only while no
-    save of this run is in progress (saves are sequential, on the main process)."""
+    """Remove ``.tmp-checkpoint_*`` folders left by a crash: only our own names, never one a live
+    process (on this host) is still writing, and in this process only between its saves (saves are
+    sequential, on the main process)."""
     try:
         leftovers = [e for e in root.iterdir() if e.name.startswith(_TEMP_PREFIX) and e.is_dir()]
     except OSError:
         return
     for path in leftovers:
+        if _owned_by_another_live_process(path):
+            continue
         log.info("removing %s, left by an interrupted save", path)
         shutil.rmtree(path, ignore_errors=True)
 
