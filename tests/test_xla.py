@@ -244,7 +244,7 @@ def test_notebook_launcher_runs_spmd_in_this_process_with_a_model_built_outside(
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-        return os.getpid(), accelerator.distributed_type, accelerator.num_processes, float(loss)
+        return os.getpid(), accelerator.distributed_type, accelerator.num_processes, loss.item()
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
