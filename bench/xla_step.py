@@ -80,8 +80,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
     data = batches(args.steps, args.batch_size)
-    eager, _, _ = run(Backend(torch.device("cpu")), data, args.warmup)
+    # XLA first: torch's autograd engine sizes its device queues on its first backward, so the XLA
+    # device must exist before the eager run's backward.
     xla_backend = XlaSpmdBackend()
+    eager, _, _ = run(Backend(torch.device("cpu")), data, args.warmup)
     xla, warm, later = run(xla_backend, data, args.warmup)
     print(f"MLP 64-512-512-10, batch {args.batch_size}, {args.steps} steps ({args.warmup} warm-up), "
           f"XLA devices: {xla_backend.num_devices}")
