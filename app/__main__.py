@@ -56,6 +56,7 @@ def main(dict_cfg: DictConfig) -> float | None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
     from app.distributed.checkpoint_store import DISK_FULL_ERRNOS, DiskFullError
     from app.engine.result import NAN, read_result
+    from app.interrupts import RunInterrupted
     from app.launch import launch
     from app.worker_errors import WorkerFailed
 
@@ -71,6 +72,9 @@ def main(dict_cfg: DictConfig) -> float | None:
                 fail(str(ended.get("error") or "training diverged."), exit_code=1)
             log.error("%s", ended.get("error"))
         return result
+    except RunInterrupted as err:
+        # The checkpoint is saved and the main process logged how to resume: 130 (SIGINT) / 143 (SIGTERM).
+        sys.exit(err.exit_code)
     except ConfigError as err:
         fail(str(err))
     except WorkerFailed as err:

@@ -48,6 +48,16 @@ class MonitorMode(enum.Enum):
     max = "max"
 
 
+class ExportChoice(enum.Enum):
+    best = "best"
+    last = "last"
+
+
+class RunMode(enum.Enum):
+    train = "train"
+    eval = "eval"
+
+
 class Tracker(enum.Enum):
     tensorboard = "tensorboard"
     wandb = "wandb"
@@ -146,6 +156,19 @@ class TrainerConfig:
     ema_decay: float | None = None
     """Evaluate and export an exponential moving average of the weights, updated after every optimizer
     step with this decay (e.g. 0.99: about the last 100 steps); null: the weights as trained."""
+    limit_eval_batches: int | None = None
+    """Evaluate on the first N batches only (debug=fast_dev_run); null: the whole evaluation set."""
+    overfit_batches: int = 0
+    """Train and evaluate on the same first N batches, unshuffled (debug=overfit); 0: off."""
+    compile: bool = False
+    """torch.compile the model (``nn.Module.compile``: in place, so checkpoint and export keys do not
+    change); refused with one sentence on hardware whose backend cannot compile."""
+    deterministic: bool = False
+    """torch's deterministic algorithms and the settings they need (app/distributed/determinism.py):
+    bitwise repeatable runs on one machine, at some speed; an op without a deterministic version fails."""
+    profile_steps: int = 0
+    """Profile this many optimizer steps (after one skipped and one warm-up) with torch.profiler; the
+    Chrome trace goes to <run folder>/profile/ (debug=profile); 0: off."""
 
 
 @dataclass
@@ -162,6 +185,21 @@ class CheckpointConfig:
     """Never rotate out the checkpoint with the best ``early_stopping.monitor`` value."""
     save_final_model: bool = True
     """Export the trained model to ``<run folder>/model/`` at the end."""
+    export: ExportChoice | None = None
+    """Which weights ``model/`` gets: ``best`` (the evaluation with the best ``early_stopping.monitor``,
+    from its checkpoint) or ``last`` (the final weights); null: best when checkpoints are saved and the
+    best is kept (keep_best), else last."""
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run saves checkpoints at all."""
+        return self.every_n_steps is not None or self.every_epoch
+
+    def resolved_export(self) -> ExportChoice:
+        if self.export is not None:
+            return self.export
+        keeps_best = self.keep_best or self.total_limit is None
+        return ExportChoice.best if self.enabled and keeps_best else ExportChoice.last
 
 
 @dataclass
@@ -212,10 +250,14 @@ class RunConfig:
     seed: int = 42
     resume: str | None = None
     """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
-    of the folder given by hydra.run.dir, or a fresh start if it has none)."""
+    of the folder given by hydra.run.dir, or a fresh start if it has none). With mode=eval, also an
+    exported model/ folder."""
     overwrite: bool = False
     """A new run in a hydra.run.dir that already holds a run: move the old folder aside to
     ``<folder>.replaced-<time>`` (never deleted) instead of refusing."""
+    mode: RunMode = RunMode.train
+    """train, or eval: evaluate the weights named by ``resume`` on the evaluation set, without training
+    and without touching the run's files (the metrics go to the new run folder's eval_metrics.json)."""
 
 
 def register_configs() -> None:
@@ -287,6 +329,7 @@ def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
     optional_positive = {
         "trainer.eval_batch_size": t.eval_batch_size,
         "trainer.eval_every_n_steps": t.eval_every_n_steps,
+        "trainer.limit_eval_batches": t.limit_eval_batches,
         "trainer.max_grad_norm": t.max_grad_norm,
         "checkpoint.every_n_steps": ckpt.every_n_steps,
         "checkpoint.total_limit": ckpt.total_limit,
@@ -300,6 +343,10 @@ def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
                           "steps, or -1 to let trainer.max_epochs decide.")
     if t.max_epochs <= 0 and t.max_steps <= 0:
         raise ConfigError("Set trainer.max_epochs or trainer.max_steps to a positive number.")
+    if cfg.mode is RunMode.eval and cfg.resume in (None, "auto"):
+        raise ConfigError("mode=eval needs the weights to evaluate: resume=<run folder, checkpoint or model folder>.")
+    if t.overfit_batches < 0 or t.profile_steps < 0:
+        raise ConfigError("trainer.overfit_batches and trainer.profile_steps must be 0 or more.")
     if t.num_workers < 0:
         raise ConfigError(f"trainer.num_workers must be 0 or more, got {t.num_workers}.")
     lr = getattr(cfg.optim, "lr", None)
@@ -321,6 +368,9 @@ def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
         raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
     if cfg.early_stopping.min_delta < 0:
         raise ConfigError(f"early_stopping.min_delta must be 0 or more, got {cfg.early_stopping.min_delta}.")
+    if ckpt.export is ExportChoice.best and not (ckpt.enabled and (ckpt.keep_best or ckpt.total_limit is None)):
+        raise ConfigError("checkpoint.export=best needs the best checkpoint kept: set checkpoint.every_epoch=true or "
+                          "checkpoint.every_n_steps, with checkpoint.keep_best=true (or export=last).")
     if hw.collective_timeout_s <= 0:
         raise ConfigError("hardware.collective_timeout_s must be positive.")
 

@@ -87,8 +87,9 @@ def _examples(readme: Path) -> list[str]:
 def app_help(conf_dir: Path) -> str:
     defaults = _defaults(conf_dir)
     out = [USAGE, "Config groups (group=option); the default is marked *:"]
-    for group_dir in sorted(p for p in conf_dir.iterdir() if p.is_dir() and not p.name.startswith((".", "hydra"))):
-        group = group_dir.name
+    group_dirs = sorted({p.parent for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir})
+    for group_dir in group_dirs:
+        group = group_dir.relative_to(conf_dir).as_posix()  # e.g. hydra/launcher
         chosen = defaults.get(group)
         out.append(f"\n  {group}" + ("" if group in defaults and chosen is not None else "  (none by default)"))
         options = sorted(group_dir.glob("*.yaml"))

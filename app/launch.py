@@ -19,9 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
-
 from app.config import RunConfig, validate
+from app.interrupts import RunInterrupted, StopSignals
 from app.worker_errors import WorkerFailed, call_blaming_the_cause, worker_failure
 from app.worker_watchdog import Watchdog, record_pid
 
@@ -75,22 +74,46 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
         rank = int(os.environ["RANK"])
         if rank != 0:
             configure_worker_logging(rank, log_file=None)
-        return record(call_blaming_the_cause)(run, cfg, run_dir, hydra_files)
+        # torchrun forwards SIGINT/SIGTERM to every rank; an interrupted rank returns (not raises) so
+        # that its error file stays empty, then exits 130/143 like a single process.
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, hydra_files))
     workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
     if workers == 0:
         return run(cfg, run_dir, hydra_files)
-    results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), hydra_files), nprocs=workers,
-                               collective_timeout_s=cfg.hardware.collective_timeout_s)
-    return results[0]
+    with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
+        stop_file = Path(stop_dir) / "signal"
+        # Signalled, the launcher tells the workers through the stop file and waits for their
+        # checkpoint instead of killing them (torch's launcher would: it is told to leave both signals).
+        with StopSignals(stop_file, forward=True, announce=False):
+            results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), hydra_files, str(stop_file)),
+                                       nprocs=workers, collective_timeout_s=cfg.hardware.collective_timeout_s,
+                                       leave_stop_signals=True)
+    return _reraise(results[0])
 
 
 def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None,
-               hydra_files: dict[str, str] | None = None) -> float | None:
+               hydra_files: dict[str, str] | None = None, stop_file: str | None = None) -> Any:
     """Entry point of each worker that ``launch`` starts: set up logging, then run the job."""
     from app.engine.run import run
 
     configure_worker_logging(int(os.environ["RANK"]), log_file)
-    return run(cfg, Path(run_dir), hydra_files)
+    return _interruptible(run, cfg, Path(run_dir), hydra_files, Path(stop_file) if stop_file else None)
+
+
+def _interruptible(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, returning a RunInterrupted instead of raising it (it is not a failure)."""
+    try:
+        return fn(*args)
+    except RunInterrupted as interrupted:
+        return interrupted
+
+
+def _reraise(result: Any) -> Any:
+    if isinstance(result, RunInterrupted):
+        raise result
+    return result
 
 
 def configure_worker_logging(rank: int, log_file: str | None) -> None:
@@ -123,7 +146,7 @@ def free_port() -> int:
 
 
 def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
-                     collective_timeout_s: float | None = None) -> list[Any]:
+                     collective_timeout_s: float | None = None, leave_stop_signals: bool = False) -> list[Any]:
     """Run ``fn(*args)`` on ``nprocs`` local processes with torch's elastic launcher; returns each
     rank's return value in rank order.
 
@@ -131,13 +154,22 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
     :class:`~app.worker_errors.WorkerFailed` naming the failing rank and its error; a rank that hung
     (the others' collectives timed out) is killed :data:`SHUTDOWN_GRACE_S` after the first failure
     and named instead (``app.worker_watchdog``). Used by ``launch``, the tests and the benchmarks.
+
+    ``leave_stop_signals``: SIGINT and SIGTERM stay with the caller's handlers (torch's launcher would
+    kill the workers a few seconds after either; ``launch`` lets them finish a checkpoint instead).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # The launcher keeps each rank's error file there; nothing else of it outlives the run.
     logs = tempfile.TemporaryDirectory(prefix="app-launch-")
+    handled = "SIGHUP,SIGQUIT" if leave_stop_signals else "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    # Older torch reads the variable only; newer sets it from LaunchConfig.signals_to_handle.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = handled
+    signals: dict[str, Any] = {"signals_to_handle": handled} if "signals_to_handle" in LaunchConfig.__dataclass_fields__ else {}
     config = LaunchConfig(
+        **signals,
         logs_specs=DefaultLogsSpecs(log_dir=logs.name),
         min_nodes=1,
         max_nodes=1,

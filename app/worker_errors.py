@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+if TYPE_CHECKING:  # torch is imported when a worker has failed, not when the app starts
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 # What gloo, nccl and c10d say when the other side of a collective went away.
 PEER_LOSS_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",

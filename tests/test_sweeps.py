@@ -258,7 +258,7 @@ def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) 
              for rank in (0, 1)]
     outputs = [p.communicate(timeout=200)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    assert "2 process(es) on cpu" in outputs[0]  # one job of two ranks, not two jobs
+    assert "training digits on 2 process(es)" in outputs[0]  # one job of two ranks, not two jobs
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
     assert yaml.safe_load((run / "result.json").read_text())["status"] == "finished"
     steps = [e["step"] for e in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines())

@@ -115,6 +115,9 @@ class Accelerator:
         self.trackers: list[Any] = []
         self.step = 0
         """Micro-steps seen by ``accumulate`` (Accelerate's name)."""
+        from app.distributed.profiling import ProfileKwargs
+
+        self._profile_handler = next((h for h in kwargs_handlers or [] if isinstance(h, ProfileKwargs)), None)
 
     # -- topology -------------------------------------------------------------------------------------
     @property
@@ -432,6 +435,28 @@ class Accelerator:
 
     def wait_for_everyone(self) -> None:
         self.backend.barrier()
+
+    # -- profiling ------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def profile(self, profile_handler: Any = None) -> Iterator[Any]:
+        """Profile the block with ``torch.profiler``; with ``output_trace_dir`` set, each process writes
+        its Chrome trace there as ``profile_<process index>.json``. ``profile_handler``: a
+        :class:`~app.distributed.profiling.ProfileKwargs` (else the one given in ``kwargs_handlers``).
+
+        >>> with accelerator.profile(ProfileKwargs(output_trace_dir="trace")) as prof:
+        ...     train()
+        """
+        from app.distributed.profiling import PROFILE_PATTERN_NAME, ProfileKwargs
+
+        handler = profile_handler or self._profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir is None:
+            return
+        Path(handler.output_trace_dir).mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(
+            str(Path(handler.output_trace_dir) / PROFILE_PATTERN_NAME.format(suffix=self.process_index)))
+        self.wait_for_everyone()
 
     # -- triggers -------------------------------------------------------------------------------------
     def set_trigger(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Subset
 
 from app.config import ConfigError, RunConfig
 from app.distributed import Accelerator, LengthGroupedSampler
@@ -40,7 +40,7 @@ def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
 def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None = None) -> Components:
     task = task if task is not None else build_task(cfg.task)
     check_monitor(cfg, task)
-    data = task.build_data(accelerator)
+    data = debug_subsets(cfg, task.build_data(accelerator))
     check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
     frozen = freeze_parameters(model, list(getattr(cfg.optim, "freeze", None) or []))
@@ -52,6 +52,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
                              shuffle=False, collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
+    if cfg.trainer.compile:
+        # In place (nn.Module.compile): parameter names, checkpoints and exports stay as without it.
+        model.compile()
     model = accelerator.prepare(model)
     optimizer = build_optimizer(cfg, model, fused_available=accelerator.backend.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
@@ -93,8 +96,25 @@ def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = Fa
     return instantiate(options, _partial_=True, _convert_="all")(params=groups)
 
 
+def debug_subsets(cfg: RunConfig, data: TaskData) -> TaskData:
+    """trainer.overfit_batches: train and evaluate on the same first batches; trainer.limit_eval_batches:
+    evaluate on the first batches only."""
+    t = cfg.trainer
+    if t.overfit_batches:
+        n = min(len(data.train), t.overfit_batches * t.batch_size)  # type: ignore[arg-type]
+        few = Subset(data.train, range(n))
+        lengths = list(data.train_lengths[:n]) if data.train_lengths is not None else None
+        return dataclasses.replace(data, train=few, eval=few, train_lengths=lengths)
+    if t.limit_eval_batches:
+        n = min(len(data.eval), t.limit_eval_batches * (t.eval_batch_size or t.batch_size))  # type: ignore[arg-type]
+        return dataclasses.replace(data, eval=Subset(data.eval, range(n)))
+    return data
+
+
 def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]:
     """DataLoader arguments for the training order: a plain shuffle, or one grouped by length."""
+    if cfg.trainer.overfit_batches:
+        return {"shuffle": False}  # the same few batches, in the same order, every epoch
     if not cfg.trainer.group_by_length:
         return {"shuffle": True}
     if data.train_lengths is None:

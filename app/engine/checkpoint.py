@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.config import RunConfig
+from app.config import ExportChoice, RunConfig
 from app.distributed import Backend
 from app.distributed.checkpoint_format import fsync_paths
 from app.distributed.checkpoint_store import (
@@ -39,6 +39,7 @@ from app.distributed.checkpointing import apply_rng, capture_rng
 from app.engine.build import plain
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
+from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class CheckpointPolicy:
         self.run_dir = run_dir
         self.root = run_dir / CHECKPOINTS
         self.config_hash = config_hash(cfg)
+        self.stopper = stopper
+        self.last_saved_step: int | None = None
         self.trainer_state = TrainerState(state, stopper, self.acc.process_index, self.acc.num_processes)
         self.acc.register_for_checkpointing(self.trainer_state)
         if components.weight_average is not None:
@@ -106,6 +109,12 @@ class CheckpointPolicy:
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         if self.cfg.every_epoch:
+            self.save(state)
+
+    def on_train_end(self, state: LoopState) -> None:
+        """Always leave the final state (unless checkpoints are off): a max_steps end mid-epoch, an
+        early stop between checkpoints or an interrupt all resume exactly from here."""
+        if self.cfg.enabled and self.last_saved_step != state.global_step:
             self.save(state)
 
     def save(self, state: LoopState) -> Path | None:
@@ -126,6 +135,7 @@ class CheckpointPolicy:
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
         folder = self.acc.save_state(metadata=metadata)
+        self.last_saved_step = state.global_step
         if self.acc.is_main_process:
             fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
             for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
@@ -148,6 +158,11 @@ class CheckpointPolicy:
         else:
             source = Path(resume)
         manifest: Manifest = acc.load_state(source, config_hash=self.config_hash)
+        self.last_saved_step = manifest.step
+        # Resuming means going on: whatever stopped the saved run (max_steps, an interrupt, early
+        # stopping) is decided again under this run's settings.
+        self.state.stop_reason = None
+        self.state.stop_signal = None
         # The loaders re-derived their position from samples consumed (the global batch may differ
         # from the checkpoint's); the loop counts in this run's batches.
         loader = self.c.train_loader
@@ -165,6 +180,43 @@ class CheckpointPolicy:
             with open(path, "r+b") as f:
                 f.truncate(size)
             log.info("cut %s back to step %d", path, manifest.step)
+
+
+    # -- export --------------------------------------------------------------------------------------
+    def weights_for_export(self, choice: ExportChoice) -> dict[str, Any]:
+        """Put the weights to export into the model and describe them (``model/export.json``).
+
+        ``best``: the final weights when the final evaluation is the best, else the checkpoint holding
+        the best evaluation is loaded; when no checkpoint holds it (it was measured between saves), the
+        final weights are exported and the metadata says so."""
+        state, monitor = self.state, self.monitor
+        final_metric = state.last_metrics.get(monitor) if state.last_eval_step == state.global_step else None
+        described: dict[str, Any] = {
+            "exported": "last", "step": state.global_step, "epoch": state.epoch, "final_step": state.global_step,
+            "metric": None if final_metric is None else {"name": monitor, "value": float(final_metric),
+                                                          "mode": self.mode},
+        }
+        best = self.stopper.best
+        if choice is ExportChoice.last or best is None or final_metric == best:
+            described["exported"] = "last" if choice is ExportChoice.last else "best"
+            return described
+        found: tuple[str, Manifest] | None = None
+        if self.acc.is_main_process:
+            for path, saved in complete_checkpoints(self.root):
+                if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor:
+                    found = (str(path), saved)
+        found = self.acc.backend.broadcast_object(found, src=0)
+        if found is None:
+            log.warning("the best evaluation (%s = %s) has no checkpoint (it fell between saves): exporting the "
+                        "final weights; save a checkpoint at every evaluation to export the best",
+                        monitor, human(best))
+            described["exported"] = "last (best not saved)"
+            return described
+        chosen, manifest = found
+        log.info("exporting the best evaluation: step %d, %s = %s (%s)", manifest.step, monitor, human(best), chosen)
+        self.acc.load_state(chosen)
+        return {**described, "exported": "best", "step": manifest.step, "epoch": manifest.epoch,
+                "checkpoint": Path(chosen).name, "metric": manifest.metric}
 
 
 def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[str, Any]:
@@ -187,7 +239,10 @@ def preserved_rng(backend: Backend) -> Iterator[None]:
         apply_rng(saved, backend)
 
 
-def export_model(c: Components, folder: Path) -> None:
+EXPORT_FILE = "export.json"
+
+
+def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = None) -> None:
     """Write the final model to ``folder`` atomically: weights (``model.safetensors`` or shards, with
     the unwrapped model's key names; the weight average with trainer.ema_decay) and the task's
     artifacts, in a temporary folder renamed into place. Every process calls it (FSDP2 gathers the
@@ -201,7 +256,14 @@ def export_model(c: Components, folder: Path) -> None:
         acc.save_model(c.model, temporary)
     if acc.is_main_process:
         c.task.save_artifacts(acc.unwrap_model(c.model), temporary)
+        if metadata is not None:
+            (temporary / EXPORT_FILE).write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
         fsync_paths(p for p in temporary.rglob("*") if p.is_file())
         replace_folder(temporary, folder)
-        log.info("exported the model to %s", folder)
+        if metadata is not None:
+            metric = metadata.get("metric") or {}
+            log.info("exported the %s weights (step %s%s) to %s", metadata["exported"], metadata["step"],
+                     f", {metric['name']} = {human(metric['value'])}" if metric else "", folder)
+        else:
+            log.info("exported the model to %s", folder)
     acc.wait_for_everyone()

@@ -6,6 +6,9 @@ folder or a run folder, the arguments become: the original run's overrides (from
 ``hydra.run.dir=<original run folder>``. The resumed run so logs into the same folder, continues the
 checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it.
 
+With ``mode=eval`` the path may also be an exported ``model/`` folder, and no ``hydra.run.dir`` is
+added: the evaluation gets a new run folder.
+
 Left alone: no ``resume=``, ``resume=auto`` (the run folder is whatever ``hydra.run.dir`` says;
 pass the same ``hydra.run.dir`` as the interrupted run), an explicit ``hydra.run.dir`` (resume the
 weights into another folder), and multirun sweeps. A path without a checkpoint fails here, with one
@@ -61,8 +64,18 @@ def argv_for_resume(argv: list[str]) -> list[str]:
         return argv
     from app.distributed.checkpoint_store import find_checkpoint, run_folder_of
 
-    run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
+    # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched).
+    evaluating = any(_key(arg) == "mode" and _unquote(arg.split("=", 1)[1]) == "eval" for arg in overrides if "=" in arg)
+    if evaluating and is_model_folder(Path(value)):
+        run_folder = Path(value).parent
+    else:
+        run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
     earlier = [arg for arg in original_overrides(run_folder)
-               if _key(arg) not in given and _key(arg) not in ("resume", "overwrite")
+               if _key(arg) not in given and _key(arg) not in ("resume", "overwrite", "mode")
                and not _key(arg).startswith("hydra")]
-    return earlier + argv + [f"hydra.run.dir={_quote(str(run_folder))}"]
+    return earlier + argv + ([] if evaluating else [f"hydra.run.dir={_quote(str(run_folder))}"])
+
+
+def is_model_folder(path: Path) -> bool:
+    """An exported model (``<run folder>/model/``), not a checkpoint."""
+    return (path / "model.safetensors").is_file() and not (path / "manifest.json").exists()

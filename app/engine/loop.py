@@ -23,6 +23,7 @@ from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
+from app.interrupts import StopSignals, signal_name
 from app.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,8 @@ class LoopState:
     """Micro-batches summed in loss_sum."""
     non_finite_loss_step: int | None = None
     """The optimizer step at which the logged training loss was NaN or infinite, if it was."""
+    stop_signal: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped training, agreed by every process."""
 
     def state_dict(self) -> dict[str, Any]:
         return {**asdict(self), "loss_sum": float(self.loss_sum)}
@@ -66,12 +69,17 @@ class CheckpointHook(Protocol):
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None: ...
 
+    def on_train_end(self, state: LoopState) -> None: ...
+
 
 class NoCheckpoints:
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         pass
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
+        pass
+
+    def on_train_end(self, state: LoopState) -> None:
         pass
 
 
@@ -90,6 +98,8 @@ class Components:
     """trainer.ema_decay: evaluation and export use these averaged weights."""
     show_progress: bool = False
     """Progress bars (training and evaluation): logging.progress_bar, on the main process only."""
+    profiler: Any = None
+    """A ``torch.profiler.profile`` stepped after every optimizer step (trainer.profile_steps)."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -141,16 +151,41 @@ def evaluate(c: Components) -> dict[str, float]:
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
-        checkpoints: CheckpointHook | None = None) -> LoopState:
-    """Train until max_epochs/max_steps, or until a stop trigger fires on any process."""
-    acc, model, optimizer, scheduler = c.accelerator, c.model, c.optimizer, c.scheduler
-    t = cfg.trainer
+        checkpoints: CheckpointHook | None = None, interrupts: StopSignals | None = None) -> LoopState:
+    """Train until max_epochs/max_steps, until a stop trigger fires on any process, or until a stop
+    signal (``interrupts``) arrives: then every process stops after the same optimizer step, and
+    ``state.stop_signal`` says which signal."""
+    acc = c.accelerator
     checkpoints = checkpoints or NoCheckpoints()
     total_steps = total_optimizer_steps(cfg, len(c.train_loader))
+    progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
+    try:
+        train(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps)
+        # Every process learns whether any was signalled (one all-reduce per run).
+        signalled = interrupts.received if interrupts is not None else None
+        agreed = int(acc.backend.all_reduce(torch.tensor([float(signalled or 0)]).to(acc.device), "max").item())
+        if agreed:
+            state.stop_signal = agreed
+            state.stop_reason = f"interrupted by {signal_name(agreed)} at step {state.global_step}"
+    finally:
+        progress.close(state.stop_reason)
+    # The final state, so that a resumed run (or one with trainer.max_steps raised) continues exactly
+    # where this one ended; saved before the final evaluation, which draws from the random streams.
+    checkpoints.on_train_end(state)
+    if state.stop_signal is None and state.last_eval_step != state.global_step:
+        # The run ended between evaluations: measure the final weights too.
+        run_evaluation(c, state, stopper, may_stop=False)
+    return state
+
+
+def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping, checkpoints: CheckpointHook,
+          interrupts: StopSignals | None, progress: Progress, total_steps: int) -> None:
+    acc, model, optimizer, scheduler = c.accelerator, c.model, c.optimizer, c.scheduler
+    t = cfg.trainer
     eval_every = t.eval_every_n_steps
     global_batch = c.train_loader.batch_size * acc.num_processes
-
-    progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
+    # A signal may reach one process only: on several, they agree after every step (one tiny all-reduce).
+    agree_each_step = interrupts is not None and acc.num_processes > 1
     batches_per_epoch = len(c.train_loader)
     # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
@@ -160,7 +195,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     model.train()
 
     # max_epochs <= 0 leaves the end to max_steps (the config refuses runs with neither).
-    while (t.max_epochs <= 0 or state.epoch < t.max_epochs) and state.stop_reason is None:
+    while ((t.max_epochs <= 0 or state.epoch < t.max_epochs) and state.global_step < total_steps
+           and state.stop_reason is None):
         c.train_loader.set_epoch(state.epoch)
         loader = c.train_loader
         if state.batches_in_epoch:
@@ -187,6 +223,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
                 c.weight_average.update()
             inject_fault(state.global_step)
             progress.update()
+            if c.profiler is not None:
+                c.profiler.step()
             decision_point = False
             metrics: dict[str, float] | None = None
 
@@ -218,7 +256,11 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
 
             checkpoints.on_step_end(state, metrics)
 
-            if decision_point and acc.check_trigger():
+            if interrupts is not None and interrupts.received is not None and state.stop_reason is None:
+                state.stop_reason = "interrupted"
+                acc.set_trigger()
+                decision_point = True
+            if (decision_point or agree_each_step) and acc.check_trigger():
                 state.stop_reason = state.stop_reason or "stop requested by another process"
                 break
             if state.global_step >= total_steps:
@@ -236,12 +278,8 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
             state.stop_reason = f"reached {total_steps} optimizer steps"
 
     if state.stop_reason is None:
-        state.stop_reason = f"reached {t.max_epochs} epochs"
-    progress.close(state.stop_reason)
-    if state.last_eval_step != state.global_step:
-        # The run ended between evaluations: measure the final weights too.
-        run_evaluation(c, state, stopper, may_stop=False)
-    return state
+        state.stop_reason = (f"reached {total_steps} optimizer steps" if state.global_step >= total_steps
+                             else f"reached {t.max_epochs} epochs")
 
 
 def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,

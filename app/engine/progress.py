@@ -40,7 +40,7 @@ class Progress:
         self._redirect = contextlib.ExitStack()
         if enabled:
             from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
-            from tqdm.std import tqdm
+            from tqdm.std import tqdm  # type: ignore[import-untyped]
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
                             file=sys.stderr, mininterval=0.5, leave=leave)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
-from app.config import ConfigError, RunConfig
+from app.config import ConfigError, RunConfig, RunMode
+from app.distributed import Accelerator
 from app.distributed.checkpoint_store import CHECKPOINTS, complete_checkpoints
+from app.distributed.determinism import deterministic_algorithms
+from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
 from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
@@ -17,17 +22,47 @@ from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
 from app.engine.progress import human
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
 from app.engine.summary import model_summary
+from app.interrupts import RunInterrupted, StopSignals
 from app.run_folder import write_hydra_record
 
 log = logging.getLogger(__name__)
 
 
-def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float:
+def profiling(cfg: RunConfig, accelerator: Accelerator, run_dir: Path) -> contextlib.AbstractContextManager[Any]:
+    """trainer.profile_steps: torch.profiler over the real loop (one step skipped, one warm-up, then
+    the recorded steps), its Chrome trace written to <run folder>/profile/profile_<rank>.json."""
+    steps = cfg.trainer.profile_steps
+    if not steps:
+        return contextlib.nullcontext()
+    schedule = {"wait": 1, "warmup": 1, "active": steps, "repeat": 1}
+    log.info("profiling optimizer steps 3 to %d; the trace goes to %s", 2 + steps, run_dir / "profile")
+    return accelerator.profile(ProfileKwargs(schedule_option=schedule, record_shapes=True,
+                                             output_trace_dir=str(run_dir / "profile")))
+
+
+def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None,
+        stop_file: Path | None = None) -> float:
     """Train and evaluate; returns the best value of ``early_stopping.monitor`` (the objective of a
     sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
     a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
     saying so as its error).
-    ``hydra_files``: ``.hydra/`` files deferred by a resume, written once it is accepted."""
+    ``hydra_files``: ``.hydra/`` files deferred by a resume, written once it is accepted.
+
+    A first SIGINT/SIGTERM (or the launcher's ``stop_file``) stops training after the current step
+    with a checkpoint, then raises :class:`RunInterrupted` (no export). ``mode=eval`` only evaluates
+    saved weights (``app.engine.evaluate_saved``)."""
+    if cfg.mode is RunMode.eval:
+        from app.engine.evaluate_saved import evaluate_saved
+
+        return evaluate_saved(cfg, run_dir)
+    if cfg.trainer.deterministic:
+        log.info("deterministic algorithms on (trainer.deterministic)")
+    with deterministic_algorithms(cfg.trainer.deterministic):
+        return train_and_export(cfg, run_dir, hydra_files, stop_file)
+
+
+def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None,
+                     stop_file: Path | None) -> float:
     started = time.monotonic()
     set_seed(cfg.seed)
     accelerator = build_accelerator(cfg, run_dir)
@@ -55,24 +90,35 @@ def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None
         with preserved_rng(accelerator.backend):
             accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
                                       init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
-        log.info("training %s; %s; run folder %s", cfg.task.name,
+        log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
-                               accelerator.num_processes, accelerator.device, accelerator.mixed_precision),
+                               accelerator.device, accelerator.mixed_precision),
                  run_dir)
-        fit(components, cfg, state, stopper, checkpoints)
+        with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
+                profiling(cfg, accelerator, run_dir) as components.profiler:
+            fit(components, cfg, state, stopper, checkpoints, interrupts)
         log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, human(stopper.best))
+        if state.stop_signal is not None:
+            interrupted = RunInterrupted(state.stop_signal, state.global_step, str(run_dir))
+            log.info("%s", interrupted)
+            raise interrupted
         if state.non_finite_loss_step is not None or not weights_are_finite(components):
             # Nothing non-finite is exported; app.__main__ turns this result into exit status 1.
             record(NAN, error=diverged(state, run_dir))
             return objective(stopper.best, NAN)
+        if cfg.checkpoint.save_final_model or getattr(cfg.task, "predict_test", False):
+            metadata = checkpoints.weights_for_export(cfg.checkpoint.resolved_export())
         if getattr(cfg.task, "predict_test", False):
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
-            export_model(components, run_dir / "model")
+            export_model(components, run_dir / "model", metadata)
         record(FINISHED)
         return objective(stopper.best, FINISHED)
     except ConfigError:
         raise  # refused input, reported as such: the run never started
+    except RunInterrupted:
+        record(INTERRUPTED)
+        raise
     except Exception as err:
         record(FAILED, error=f"{type(err).__name__}: {err}")
         raise

@@ -5,9 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 
-def model_summary(model: nn.Module, hardware: str, num_processes: int, device: object, precision: str) -> str:
-    """e.g. ``model DigitsMLP: 17,866 parameters (17,866 trainable, 0 frozen), 0.07 MB; hardware cpu,
-    1 process(es) on cpu, precision no``. Sharded parameters count with their full size."""
+def model_summary(model: nn.Module, hardware: str, device: object, precision: str) -> str:
+    """e.g. ``model MLP: 17,226 parameters (17,226 trainable, 0 frozen), 0.07 MB; hardware cpu on cpu,
+    precision no``. Sharded parameters count with their full size."""
     total = trainable = size = 0
     for p in model.parameters():
         total += p.numel()
@@ -15,5 +15,5 @@ def model_summary(model: nn.Module, hardware: str, num_processes: int, device: o
         if p.requires_grad:
             trainable += p.numel()
     return (f"model {type(model).__name__}: {total:,} parameters ({trainable:,} trainable, "
-            f"{total - trainable:,} frozen), {size / 2**20:.2f} MB; hardware {hardware}, "
-            f"{num_processes} process(es) on {device}, precision {precision}")
+            f"{total - trainable:,} frozen), {size / 2**20:.2f} MB; hardware {hardware} on {device}, "
+            f"precision {precision}")

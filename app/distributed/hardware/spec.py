@@ -33,6 +33,8 @@ class HardwareSpec:
     through ``registry.device_ops``)."""
     multi_process: bool = False
     """Whether the kind runs several processes that talk through collectives (DDP, FSDP2)."""
+    compiles: bool = True
+    """Whether ``torch.compile`` works on this kind (``trainer.compile=true``)."""
 
     # -- checks, before any process group exists ------------------------------------------------------
     def probe(self) -> Visible:
@@ -49,6 +51,8 @@ class HardwareSpec:
         self.check_precision(cfg.precision.mode, visible)
         self.check_layout(cfg.hardware, visible)
         check_launcher(cfg.hardware, launched)
+        if cfg.trainer.compile and not self.compiles:
+            raise ConfigError(f"trainer.compile=true does not work with hardware={self.kind}; set trainer.compile=false.")
 
     def check_devices(self, hw: HardwareConfig, visible: Visible) -> None:
         """Whether the devices the kind needs are there."""

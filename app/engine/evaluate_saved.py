@@ -1,0 +1,49 @@
+"""``python -m app mode=eval resume=<run folder | checkpoint | model folder>``: evaluate saved weights on
+the evaluation set, on one or several processes, without training. Nothing of the trained run is
+written: the metrics go to the new run folder (its log and ``eval_metrics.json``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from app.config import RunConfig
+from app.distributed.random import set_seed
+from app.engine.build import build_accelerator, build_components, build_early_stopping
+from app.engine.checkpoint import CheckpointPolicy
+from app.engine.checkpoint_resume import is_model_folder
+from app.engine.loop import LoopState, evaluate
+from app.engine.progress import human_metrics
+
+log = logging.getLogger(__name__)
+
+EVAL_METRICS_FILE = "eval_metrics.json"
+
+
+def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
+    """The evaluation metrics of the weights ``cfg.resume`` names; returns the monitored one."""
+    assert cfg.resume is not None  # validate() requires it in eval mode
+    source = Path(cfg.resume)
+    set_seed(cfg.seed)
+    accelerator = build_accelerator(cfg, run_dir)
+    if not accelerator.is_main_process:
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        components = build_components(cfg, accelerator)
+        if is_model_folder(source):
+            # An export holds the weights that were evaluated (the average, with trainer.ema_decay).
+            components.weight_average = None
+            accelerator.backend.load_model_state(components.model, source, "model")
+        else:
+            # The checkpoint's own layout (weights, optimizer, weight average...), read only.
+            policy = CheckpointPolicy(cfg, components, LoopState(), build_early_stopping(cfg), run_dir)
+            accelerator.load_state(source, config_hash=policy.config_hash)
+        metrics = evaluate(components)
+        log.info("evaluated %s: %s", source, human_metrics(metrics, prefix="eval/"))
+        if accelerator.is_main_process:
+            (run_dir / EVAL_METRICS_FILE).write_text(
+                json.dumps({"source": str(source.resolve()), "metrics": metrics}, indent=1) + "\n", encoding="utf-8")
+        return float(metrics.get(cfg.early_stopping.monitor, float("nan")))
+    finally:
+        accelerator.end_training()

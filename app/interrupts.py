@@ -1,0 +1,90 @@
+"""Ctrl-C and preemption: the first SIGINT or SIGTERM asks training to stop after the current optimizer
+step (the loop then saves a checkpoint and the run exits with 128 + the signal: 130 / 143); a second
+SIGINT exits at once, without a checkpoint.
+
+SLURM and Kubernetes send SIGTERM before killing; a terminal's Ctrl-C reaches every process of the
+job. When only the launcher is signalled (``python -m app hardware=multi_cpu`` started the workers),
+it writes the signal into a *stop file* the workers look at after every step. The ranks agree on the
+step to stop at through the loop's trigger (one tiny all-reduce per step on several processes).
+
+Torch-free: the launcher uses it before any heavy import.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class RunInterrupted(Exception):
+    """Training stopped on a signal after saving a checkpoint; the process exits with ``exit_code``."""
+
+    def __init__(self, signum: int, step: int, run_dir: str):
+        super().__init__(signum, step, run_dir)
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return (f"interrupted ({signal_name(self.signum)}) at step {self.step}; resume with: "
+                f"python -m app resume={self.run_dir}")
+
+
+class StopSignals:
+    """Installs the handlers for the block (main thread only; elsewhere it only reads the stop file).
+
+    ``stop_file``: written by the launcher when it is signalled (``forward=True``), read by the workers.
+    ``announce``: this process says on stderr what happens next (the main process only).
+    """
+
+    def __init__(self, stop_file: Path | None = None, forward: bool = False, announce: bool = True):
+        self.stop_file = stop_file
+        self.forward = forward
+        self.announce = announce
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:  # noqa: PYI034 - not subclassed
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                # A second Ctrl-C: the user does not want to wait for the checkpoint.
+                os.write(2, b"\nsecond interrupt: exiting now, without a checkpoint\n")
+                os._exit(128 + signum)
+            return
+        self.signum = signum
+        if self.forward and self.stop_file is not None:
+            self.stop_file.write_text(str(signum))
+        if self.announce:
+            os.write(2, f"\n{signal_name(signum)}: stopping after the current step and saving a checkpoint "
+                        "(Ctrl-C again to exit at once)\n".encode())
+
+    @property
+    def received(self) -> int | None:
+        """The signal this process (or, through the stop file, its launcher) received, if any."""
+        if self.signum is None and self.stop_file is not None and self.stop_file.exists():
+            text = self.stop_file.read_text().strip()
+            self.signum = int(text) if text.isdigit() else signal.SIGTERM
+        return self.signum

@@ -1,0 +1,95 @@
+"""Ctrl-C and preemption with real signals on real processes: the first SIGINT/SIGTERM finishes the
+step, saves a complete checkpoint, says how to resume and exits 130/143; resuming continues exactly
+(1 process, and 2 processes where only the launcher is signalled, as Kubernetes does)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.distributed.checkpoint_store import complete_checkpoints
+from tests.conftest import run_app
+
+# Runs that would not end by themselves (max_steps far away; a constant rate, so the schedule does not
+# depend on max_steps), logging every step so the test sees training under way.
+ENDLESS = ("trainer.max_epochs=-1", "trainer.max_steps=1000000", "scheduler=constant", "trainer.log_every_n_steps=1",
+           "logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false",
+           "early_stopping.patience=null", "checkpoint.export=last")
+
+
+def interrupt_once_training(run_dir: Path, sig: int, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, *args, f"hydra.run.dir={run_dir}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    logged_before = metrics.read_text().count("train/loss") if metrics.exists() else 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("train/loss") >= logged_before + 3:
+            break
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> int:
+    found = re.search(rf"interrupted \((SIGINT|SIGTERM)\) at step (\d+); resume with: python -m app "
+                      rf"resume={re.escape(str(run_dir))}", proc.stdout + proc.stderr)
+    assert found, proc.stdout[-3000:] + proc.stderr[-3000:]
+    step = int(found.group(2))
+    newest = complete_checkpoints(run_dir / "checkpoints")[-1][1]
+    assert newest.step == step
+    assert not (run_dir / "model").exists()  # an interrupted run exports nothing
+    return step
+
+
+@pytest.mark.timeout(300)
+def test_sigint_then_sigterm_save_exit_130_143_and_resume_exactly(tmp_path):
+    run = tmp_path / "run"
+    proc = interrupt_once_training(run, signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    first = interrupted_step(proc, run)
+
+    proc = interrupt_once_training(run, signal.SIGTERM, f"resume={run}")
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    second = interrupted_step(proc, run)
+    assert second > first
+
+    # Resumed to a few steps more, it ends where an uninterrupted run ends, bit for bit.
+    target = second + 3
+    run_app(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, check=True, timeout=120)
+    reference = tmp_path / "reference"
+    run_app(*ENDLESS, f"trainer.max_steps={target}", f"hydra.run.dir={reference}", cwd=tmp_path, check=True,
+            timeout=120)
+    assert (run / "model" / "model.safetensors").read_bytes() == (reference / "model" / "model.safetensors").read_bytes()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if "train/loss" in line]
+    assert steps == list(range(1, target + 1))  # each step logged once across the three processes
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_and_resumes_exactly(tmp_path):
+    two = ("hardware=multi_cpu", "hardware.num_processes=2")
+    run = tmp_path / "run"
+    proc = interrupt_once_training(run, signal.SIGTERM, *two)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    step = interrupted_step(proc, run)
+    assert complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
+
+    target = step + 3
+    run_app(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, check=True, timeout=120)
+    reference = tmp_path / "reference"
+    run_app(*ENDLESS, *two, f"trainer.max_steps={target}", f"hydra.run.dir={reference}", cwd=tmp_path, check=True,
+            timeout=120)
+    assert (run / "model" / "model.safetensors").read_bytes() == (reference / "model" / "model.safetensors").read_bytes()
