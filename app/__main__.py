@@ -54,7 +54,6 @@ def main(dict_cfg: DictConfig) -> float | None:
     multirun = hydra_cfg.mode is RunMode.MULTIRUN
     if multirun and cfg.logging.group is None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
-    from app.distributed.checkpoint_store import DISK_FULL_ERRNOS, DiskFullError
     from app.engine.result import NAN, read_result
     from app.interrupts import RunInterrupted
     from app.launch import launch
@@ -80,10 +79,13 @@ def main(dict_cfg: DictConfig) -> float | None:
     except WorkerFailed as err:
         # The launcher has already printed the rank's traceback; the last line names rank and error.
         fail(str(err), exit_code=1)
-    except DiskFullError as err:
-        fail(str(err), exit_code=1)
-    except OSError as err:
-        if err.errno not in DISK_FULL_ERRNOS:
+    except (RuntimeError, OSError) as err:
+        # Imported here: app.distributed imports torch, which a refused config must not wait for.
+        from app.distributed.checkpoint_store import DISK_FULL_ERRNOS, DiskFullError
+
+        if isinstance(err, DiskFullError):
+            fail(str(err), exit_code=1)
+        if not isinstance(err, OSError) or err.errno not in DISK_FULL_ERRNOS:
             raise
         fail(f"no space left on the device while writing {err.filename or run_dir}; free some space and resume.",
              exit_code=1)
