@@ -73,7 +73,7 @@ def test_python_m_app_trains_on_two_processes_with_one_folder_bar_and_log(tmp_pa
     evaluations = sum("eval/accuracy" in r for r in _records(run_dir))
     assert proc.stderr.count("eval:   0%") == evaluations
     log = (run_dir / "app.log").read_text()
-    assert log.count("training digits;") == 1 and log.count("2 process(es) on cpu") == 1
+    assert log.count("training digits on 2 process(es);") == 1 and log.count("hardware multi_cpu on cpu") == 1
     assert len(list(run_dir.rglob("events.out.tfevents*"))) == 1  # the tracker runs on rank 0 only
 
 
@@ -128,7 +128,7 @@ def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> Path:
     assert list(tmp_path.rglob("metrics.jsonl")) == [run_dir / "metrics.jsonl"]
     assert list(tmp_path.rglob("*.log")) == [run_dir / "app.log"]
     log = (run_dir / "app.log").read_text()
-    assert log.count("training digits;") == 1 and log.count("2 process(es) on cpu") == 1
+    assert log.count("training digits on 2 process(es);") == 1 and log.count("hardware multi_cpu on cpu") == 1
     assert any("eval/accuracy" in r for r in _records(run_dir))
     return run_dir
 
