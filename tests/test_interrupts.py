@@ -25,7 +25,22 @@ ENDLESS = ("trainer.max_epochs=-1", "trainer.max_steps=1000000", "scheduler=cons
            "early_stopping.patience=null", "checkpoint.export=last")
 
 
-def interrupt_once_training(run_dir: Path, sig: int, *args: str) -> subprocess.CompletedProcess[str]:
+def workers_of(launcher: int) -> list[int]:
+    """The worker processes of ``python -m app hardware=multi_cpu``: the children of its fork server."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    children = [pid for pid, parent in parents.items() if parent == launcher]
+    return sorted(pid for pid, parent in parents.items() if parent in children)
+
+
+def interrupt_once_training(run_dir: Path, sig: int, *args: str, one_worker: bool = False,
+                            ) -> subprocess.CompletedProcess[str]:
+    """Start a run, let it train a few steps, then send ``sig`` to it (or to one of its workers only)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, *args, f"hydra.run.dir={run_dir}"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -36,7 +51,14 @@ def interrupt_once_training(run_dir: Path, sig: int, *args: str) -> subprocess.C
         if metrics.exists() and metrics.read_text().count("train/loss") >= logged_before + 3:
             break
         time.sleep(0.05)
-    proc.send_signal(sig)
+    if one_worker:
+        workers = workers_of(proc.pid)
+        if len(workers) != 2:
+            proc.kill()
+            raise AssertionError(f"expected 2 workers under the launcher, found {workers}")
+        os.kill(workers[-1], sig)
+    else:
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -79,13 +101,19 @@ def test_sigint_then_sigterm_save_exit_130_143_and_resume_exactly(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_sigterm_to_the_launcher_stops_both_ranks_at_one_step_and_resumes_exactly(tmp_path):
+def test_a_signal_to_the_launcher_or_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
     two = ("hardware=multi_cpu", "hardware.num_processes=2")
     run = tmp_path / "run"
     proc = interrupt_once_training(run, signal.SIGTERM, *two)
     assert proc.returncode == 143, proc.stderr[-3000:]
-    step = interrupted_step(proc, run)
+    first = interrupted_step(proc, run)
     assert complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
+
+    # Ctrl-C reaching one worker only (not the launcher, not the other rank): both stop at one step.
+    proc = interrupt_once_training(run, signal.SIGINT, *two, f"resume={run}", one_worker=True)
+    assert proc.returncode == 130, proc.stderr[-3000:]
+    step = interrupted_step(proc, run)
+    assert step > first and complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
 
     target = step + 3
     run_app(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, check=True, timeout=120)
