@@ -152,6 +152,8 @@ def test_dataloader_position_is_resharded_by_samples(tmp_path):
     for loader in two:
         loader.set_epoch(3)
     order = [torch.cat([b[0] for b in batches]) for batches in zip(*two)]  # global steps of 8
+    for loader in two:
+        loader.set_epoch(3)  # the finished pass moved them on to epoch 4
     consumed = [iter(loader) for loader in two]
     for it in consumed:
         next(it), next(it)

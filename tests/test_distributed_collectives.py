@@ -128,6 +128,7 @@ def _data_checks(acc: Any, rank: int) -> dict[str, Any]:
     # skip_first_batches: the epoch resumes 2 batches in; the next epoch is whole again.
     shuffled.set_epoch(0)
     out["skip"] = _epoch(acc.skip_first_batches(shuffled, 2))
+    shuffled.set_epoch(0)  # a finished pass moves on to epoch 1; come back to epoch 0
     out["after_skip"] = _epoch(shuffled)
 
     uneven = Accelerator(backend=acc.backend, seed=7, even_batches=False)

@@ -84,6 +84,8 @@ def test_grouped_loader_resumes_at_the_same_sample_on_another_world_size():
     for loader in two:
         loader.set_epoch(2)
     order = [torch.cat([b[0] for b in step]) for step in zip(*two)]
+    for loader in two:
+        loader.set_epoch(2)  # the finished pass moved them on to epoch 3
     iterators = [iter(loader) for loader in two]
     for it in iterators:
         for _ in range(3):

@@ -78,8 +78,8 @@ def runtime(kind: str) -> tuple[Accelerator, Any]:
     if kind == "fsdp":
         from tests.distributed_helpers import fsdp_backend
 
-        return Accelerator(backend=fsdp_backend(), seed=5), full_snapshot
-    return Accelerator(backend=ddp_backend(), seed=5), snapshot
+        return Accelerator(backend=fsdp_backend(), seed=5, scale_scheduler_by_processes=False), full_snapshot
+    return Accelerator(backend=ddp_backend(), seed=5, scale_scheduler_by_processes=False), snapshot
 
 
 def save_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
@@ -122,7 +122,7 @@ def test_same_world_size_resume_is_exact(two_process_checkpoint):
 @pytest.mark.timeout(180)
 def test_two_process_checkpoint_resumes_on_one_process(two_process_checkpoint):
     folder, two = two_process_checkpoint
-    acc = Accelerator(cpu=True, seed=5)
+    acc = Accelerator(cpu=True, seed=5, scale_scheduler_by_processes=False)
     parts = build(acc, 2 * B)  # the same global batch
     manifest = acc.load_state(folder)
     assert manifest.world_size == 2
@@ -135,7 +135,7 @@ def test_two_process_checkpoint_resumes_on_one_process(two_process_checkpoint):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_one_process_checkpoint_resumes_on_two_processes(tmp_path, kind):
-    acc = Accelerator(cpu=True, seed=5)
+    acc = Accelerator(cpu=True, seed=5, scale_scheduler_by_processes=False)
     parts = build(acc, 2 * B)
     batches = iter(parts[2])
     train(acc, parts, batches, SAVED_AT)
@@ -213,7 +213,7 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_exactly_and_on_one_process(tmp_p
         assert resumed[rank]["seen"] == uninterrupted[rank]["seen"]
     assert_same_state(resumed[0]["final"], uninterrupted[0]["final"])
     # The same shards on one plain process (another world size and backend).
-    acc = Accelerator(cpu=True, seed=5)
+    acc = Accelerator(cpu=True, seed=5, scale_scheduler_by_processes=False)
     parts = build(acc, 2 * B)
     acc.load_state(folder)
     assert_same_state(snapshot(acc, parts), uninterrupted[0]["saved"])

@@ -12,36 +12,57 @@ objects (``precision.py``). It does not import the ``accelerate`` package.
 ...         optimizer.step(); scheduler.step(); optimizer.zero_grad()
 
 Where we deliberately differ from Accelerate:
-- the LR scheduler steps once per optimizer step, whatever the number of processes;
 - ``gather_for_metrics`` never silently returns un-deduplicated data (see its docstring);
-- no hidden global state: two Accelerators in one process do not share anything.
+- no hidden global state: two Accelerators in one process do not share anything (``state.py``
+  keeps one reference to the live backend so ``PartialState()`` can answer; nothing else reads it);
+- checkpoints are safetensors + JSON with a manifest, never pickle.
+Our engine chooses two things explicitly: ``scale_scheduler_by_processes=False`` and a data ``seed``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
+import json
 import os
+import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.hooks import RemovableHandle
 
 from app.distributed.backend import Backend
+from app.distributed.configuration import (
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+    refuse_handler,
+)
 from app.distributed.data import DataLoaderShard, GradientState, shard_dataloader
 from app.distributed.data import skip_first_batches as _skip_first_batches
+from app.distributed.functional import pad_with, reduce_with
+from app.distributed.hardware.kinds import DistributedType
 from app.distributed.launchers import MIXED_PRECISION_ENV
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, build_precision, unscale_all
+from app.distributed.process import ProcessControl
+from app.distributed.state import AcceleratorState, register_accelerator
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_REDUCE_OPS = ("sum", "mean", "max", "min")
+def available_trackers() -> list[str]:
+    """What ``log_with="all"`` starts: every tracker we support whose package is installed (Accelerate's rule)."""
+    from app.distributed.hardware.availability import is_tensorboard_available, is_wandb_available
+
+    return [name for name, installed in (("tensorboard", is_tensorboard_available()), ("wandb", is_wandb_available()))
+            if installed]
 
 
 def default_backend(cpu: bool) -> Backend:
@@ -56,7 +77,7 @@ def default_backend(cpu: bool) -> Backend:
                                              collective_timeout_s=600.0))
 
 
-class Accelerator:
+class Accelerator(ProcessControl):
     def __init__(
         self,
         device_placement: bool = True,
@@ -64,9 +85,10 @@ class Accelerator:
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
-        dataloader_config: Any = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
         project_dir: str | os.PathLike[str] | None = None,
-        project_config: Any = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         log_with: str | Sequence[str] | None = None,
         even_batches: bool = True,
         step_scheduler_with_optimizer: bool = True,
@@ -76,85 +98,115 @@ class Accelerator:
         *,
         backend: Backend | None = None,
         seed: int | None = None,
+        scale_scheduler_by_processes: bool = True,
     ):
-        """Accelerate's constructor arguments, plus two of ours: ``backend`` (a ready backend object;
-        by default one is chosen from the environment and ``cpu``) and ``seed`` (the data-order seed;
-        by default drawn from torch's RNG and agreed across ranks).
+        """Accelerate's constructor arguments, plus three of ours: ``backend`` (a ready backend
+        object; by default one is chosen from the environment and ``cpu``), ``seed`` (the data-order
+        seed: shuffles from ``seed + epoch``, resumable exactly; by default the prepared loader
+        shuffles as the user's sampler does, like Accelerate) and ``scale_scheduler_by_processes``
+        (Accelerate steps the LR scheduler once per process per optimizer step unless
+        ``split_batches``; False steps it once per optimizer step).
 
         ``downcast_bf16`` is accepted so that scripts written for Accelerate's TPU path run unchanged,
         and changes nothing: there it sets the deprecated ``XLA_DOWNCAST_BF16`` variable (every fp32
         tensor stored as bf16), here ``mixed_precision="bf16"`` is always ``torch.autocast`` (bf16
         compute, fp32 weights and optimizer states, on every device)."""
+        if gradient_accumulation_plugin is not None:
+            if gradient_accumulation_steps != 1:
+                raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
+            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps or 1
+        else:
+            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
         if gradient_accumulation_steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
-        self.backend = backend if backend is not None else default_backend(cpu)
+        self._backend = backend if backend is not None else default_backend(cpu)
+        self.ddp_kwargs = self._read_kwargs_handlers(kwargs_handlers or [])
+        if self.ddp_kwargs is not None:
+            configure = getattr(self._backend, "configure_ddp", None)
+            if configure is not None:
+                configure(self.ddp_kwargs)
+            elif self._backend.num_processes > 1:
+                raise ValueError(f"kwargs_handlers: DistributedDataParallelKwargs needs the DDP backend, but this "
+                                 f"Accelerator runs {self._backend.distributed_type}; remove it.")
+            # One process: there is no DDP wrapper to configure (as in Accelerate).
         # Unset: what a launcher asked for (notebook_launcher's mixed_precision, Accelerate's variable).
         mixed_precision = mixed_precision or os.environ.get(MIXED_PRECISION_ENV) or "no"
         self.precision: Precision = build_precision(mixed_precision, self.backend.device)
         self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.gradient_accumulation_plugin = gradient_accumulation_plugin
         self.downcast_bf16 = downcast_bf16
         self.device_placement = device_placement
-        if dataloader_config is not None:
-            split_batches = getattr(dataloader_config, "split_batches", split_batches)
-            even_batches = getattr(dataloader_config, "even_batches", even_batches)
-        self.split_batches = split_batches
-        self.even_batches = even_batches
+        if dataloader_config is None:
+            dataloader_config = DataLoaderConfiguration(split_batches=split_batches, even_batches=even_batches)
+        self.dataloader_config = dataloader_config
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        project_dir = project_dir if project_dir is not None else getattr(project_config, "project_dir", None)
+        self.scale_scheduler_by_processes = scale_scheduler_by_processes
+        self.project_configuration = project_config or ProjectConfiguration()
+        project_dir = project_dir if project_dir is not None else self.project_configuration.project_dir
         self.project_dir = Path(project_dir) if project_dir is not None else None
-        self.gradient_state = GradientState()
+        self.gradient_state = GradientState(gradient_accumulation_plugin)
+        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
         self._micro_step = 0
         self._trigger = False
         self._seed = seed
         self._models: list[nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoaderShard] = []
+        self._dataloaders: list[Any] = []
         self._custom_objects: list[Any] = []
+        self._save_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._load_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._log_with = [log_with] if isinstance(log_with, str) else list(log_with or [])
+        if "all" in self._log_with:
+            self._log_with = [n for n in self._log_with if n != "all"] + available_trackers()
         self.trackers: list[Any] = []
         self.step = 0
         """Micro-steps seen by ``accumulate`` (Accelerate's name)."""
         from app.distributed.profiling import ProfileKwargs
 
         self._profile_handler = next((h for h in kwargs_handlers or [] if isinstance(h, ProfileKwargs)), None)
+        self._state = AcceleratorState.of(self)
+        register_accelerator(self)
 
-    # -- topology -------------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.backend.device
+    @staticmethod
+    def _read_kwargs_handlers(handlers: Sequence[Any]) -> DistributedDataParallelKwargs | None:
+        ddp: DistributedDataParallelKwargs | None = None
+        for handler in handlers:
+            if isinstance(handler, DistributedDataParallelKwargs):
+                if ddp is not None:
+                    raise ValueError("kwargs_handlers: DistributedDataParallelKwargs is given twice; pass it once.")
+                ddp = handler
+            elif type(handler).__name__ == "ProfileKwargs":
+                continue  # read by profile()
+            else:
+                refuse_handler(handler)
+        return ddp
 
+    # -- state and topology (the rest comes from ProcessControl) ----------------------------------------
     @property
-    def num_processes(self) -> int:
-        return self.backend.num_processes
+    def backend(self) -> Backend:
+        return self._backend
 
-    @property
-    def process_index(self) -> int:
-        return self.backend.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        return self.backend.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.backend.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.backend.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.backend.process_index == self.backend.num_processes - 1
+    @backend.setter
+    def backend(self, value: Backend) -> None:
+        self._backend = value
 
     @property
-    def distributed_type(self) -> str:
-        return self.backend.distributed_type
+    def state(self) -> AcceleratorState:
+        """Accelerate's ``AcceleratorState`` view of this Accelerator."""
+        return self._state
 
     @property
-    def use_distributed(self) -> bool:
-        return self.backend.num_processes > 1
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def static_shapes(self) -> bool:
@@ -174,6 +226,11 @@ class Accelerator:
     def optimizer_step_was_skipped(self) -> bool:
         """True when the last optimizer step was skipped (fp16 overflow)."""
         return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def logging_dir(self) -> Path | None:
+        configured = self.project_configuration.logging_dir
+        return Path(configured) if configured is not None else self.project_dir
 
     # -- prepare --------------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
@@ -207,6 +264,9 @@ class Accelerator:
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         if any(model is m or model is self.backend.unwrap_model(m) for m in self._models):
             raise ValueError("this model was already prepared; prepare each model once.")
+        if self.num_processes > 1 and self.verify_device_map(model):
+            raise ValueError("this model was loaded with a device_map over several devices; it cannot be trained "
+                             "on several processes (load it without device_map).")
         wrapped = self.backend.wrap_model(model)
         inner = self.backend.unwrap_model(wrapped)
         # The autocast decision is taken once here, not at every step.
@@ -224,38 +284,64 @@ class Accelerator:
 
     def prepare_scheduler(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> AcceleratedScheduler:
         optimizers = [o for o in self._optimizers if o.optimizer is scheduler.optimizer or o is scheduler.optimizer]
+        # Accelerate steps the scheduler once per process per optimizer step (unless split_batches),
+        # so a schedule sized for one process's batches ends when the data does.
+        per_step = 1 if self.split_batches or not self.scale_scheduler_by_processes else self.num_processes
         wrapped = AcceleratedScheduler(scheduler, optimizers or self._optimizers, self.gradient_state,
-                                       self.step_scheduler_with_optimizer)
+                                       self.step_scheduler_with_optimizer, steps_per_optimizer_step=per_step)
         self._schedulers.append(wrapped)
         return wrapped
 
     def data_seed(self) -> int:
-        """The shuffle seed, identical on every rank."""
+        """A seed identical on every rank: the one given, else drawn on rank 0 and broadcast."""
         if self._seed is None:
             drawn = int(torch.randint(0, 2**31 - 1, (1,)).item())
             self._seed = int(self.backend.broadcast_object(drawn, src=0))
         return self._seed
 
-    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> DataLoaderShard:
-        seed = self.data_seed()
-        if data_loader.generator is not None:
-            seed = data_loader.generator.initial_seed()
-        placing = device_placement if device_placement is not None else self.device_placement
-        device = self.device if placing else torch.device("cpu")
-        shard = shard_dataloader(
-            data_loader,
-            device=device,
-            state=self.gradient_state,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            seed=seed,
-            even_batches=self.even_batches,
-            split_batches=self.split_batches,
-            fixed_shapes=self.static_shapes,
-            place=self.backend.place_batch if device.type != "cpu" else None,
-        )
+    def _order_seed(self) -> int | None:
+        """The seed the prepared loaders shuffle from, or None to follow the user's sampler."""
+        if self._seed is not None:
+            return self._seed
+        config = self.dataloader_config
+        if config.data_seed is not None:
+            return config.data_seed
+        if config.use_seedable_sampler:
+            return int(self.backend.broadcast_object(torch.initial_seed(), src=0))
+        return None
+
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> Any:
+        config = self.dataloader_config
+        place = device_placement if device_placement is not None else self.device_placement
+        device = self.device if place else torch.device("cpu")
+        iterable = isinstance(data_loader.dataset, IterableDataset)
+        if iterable or config.dispatch_batches:
+            from app.distributed.data_iterable import IterableDataLoaderShard
+
+            dispatch = config.dispatch_batches if config.dispatch_batches is not None else True
+            shard: Any = IterableDataLoaderShard(data_loader, backend=self.backend, device=device,
+                                                 state=self.gradient_state, split_batches=config.split_batches,
+                                                 even_batches=config.even_batches, dispatch=dispatch)
+        else:
+            shard = shard_dataloader(
+                data_loader,
+                device=device,
+                state=self.gradient_state,
+                num_processes=self.num_processes,
+                process_index=self.process_index,
+                seed=self._order_seed(),
+                even_batches=config.even_batches,
+                split_batches=config.split_batches,
+                agreed_seed=self.data_seed,
+                synchronize=self._synchronize_generator if "generator" in self.rng_types else None,
+                fixed_shapes=self.static_shapes,
+                place=self.backend.place_batch if device.type != "cpu" else None,
+            )
         self._dataloaders.append(shard)
         return shard
+
+    def _synchronize_generator(self, generator: torch.Generator) -> None:
+        generator.set_state(self.backend.broadcast(generator.get_state(), 0))
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:
         """Resume inside an epoch: the next iteration starts ``num_batches`` batches in, without
@@ -326,7 +412,17 @@ class Accelerator:
         if self.num_processes == 1:
             yield
             return
-        saved = [(loader, loader.batch_sampler.even_batches) for loader in self._dataloaders]
+        joinable_kind = self.state.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+        if not joinable_kind and self.backend.distributed_type != DistributedType.FSDP:  # FSDP2 refuses, below
+            warnings.warn("Joining uneven inputs is only supported for multi-GPU and multi-CPU DDP training; "
+                          "join_uneven_inputs does nothing here.", UserWarning, stacklevel=3)
+            yield
+            return
+        mapped = [loader for loader in self._dataloaders if isinstance(loader, DataLoaderShard)]
+        if even_batches is not None and len(mapped) < len(self._dataloaders):
+            warnings.warn("Overriding even_batches is only supported for map-style datasets, yet some dataloaders "
+                          "given were iterable; their batches stay as prepared.", UserWarning, stacklevel=3)
+        saved = [(loader, loader.batch_sampler.even_batches) for loader in mapped]
         if even_batches is not None:
             for loader, _ in saved:
                 loader.batch_sampler.even_batches = even_batches
@@ -405,36 +501,14 @@ class Accelerator:
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce tensors across processes with ``sum``, ``mean``, ``max`` or ``min``."""
-        if reduction not in _REDUCE_OPS:
-            raise ValueError(f"reduction must be one of {_REDUCE_OPS}, got {reduction!r}.")
-        return recursively_apply(lambda t: self.backend.all_reduce(t, reduction) * scale if scale != 1.0
-                                 else self.backend.all_reduce(t, reduction), tensor)
+        return reduce_with(self.backend, tensor, reduction, scale)
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
         """Pad tensors along ``dim`` to the largest size any process has, so they can be gathered."""
-
-        def pad(t: torch.Tensor) -> torch.Tensor:
-            if t.dim() == 0 or dim >= t.dim():
-                return t
-            size = torch.tensor([t.shape[dim]], device=t.device)
-            max_size = int(self.backend.all_reduce(size, "max").item())
-            if max_size == t.shape[dim]:
-                return t
-            shape = list(t.shape)
-            shape[dim] = max_size
-            out = t.new_full(shape, pad_index)
-            index = [slice(None)] * t.dim()
-            index[dim] = slice(max_size - t.shape[dim], max_size) if pad_first else slice(0, t.shape[dim])
-            out[tuple(index)] = t
-            return out
-
-        return recursively_apply(pad, tensor)
+        return pad_with(self.backend, tensor, dim, pad_index, pad_first)
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return recursively_apply(lambda t: self.backend.broadcast(t, from_process), tensor)
-
-    def wait_for_everyone(self) -> None:
-        self.backend.barrier()
 
     # -- profiling ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -472,88 +546,6 @@ class Accelerator:
         return False
 
     # -- process control ------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """The main process runs the block first (e.g. to fill a cache), then the others."""
-        with self._first(self.is_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
-
-    def _on(self, condition: Callable[[], bool], function: F) -> F:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if condition():
-                return function(*args, **kwargs)
-            return None
-
-        return wrapper  # type: ignore[return-value]
-
-    def on_main_process(self, function: F) -> F:
-        """Decorator: run the function on the main process only."""
-        return self._on(lambda: self.is_main_process, function)
-
-    def on_local_main_process(self, function: F) -> F:
-        return self._on(lambda: self.is_local_main_process, function)
-
-    def on_last_process(self, function: F) -> F:
-        return self._on(lambda: self.is_last_process, function)
-
-    def on_process(self, function: F | None = None, process_index: int | None = None) -> Any:
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        return self._on(lambda: self.process_index == process_index, function)
-
-    def on_local_process(self, function: F | None = None, local_process_index: int | None = None) -> Any:
-        if function is None:
-            return functools.partial(self.on_local_process, local_process_index=local_process_index)
-        return self._on(lambda: self.local_process_index == local_process_index, function)
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine (on the local main process)."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Give each process its contiguous share of a list, tuple, dict of lists or tensor.
-
-        Shares differ by at most one element; with ``apply_padding`` the short shares are padded with
-        their last element so every process gets the same length (drop the extras after gathering).
-        """
-        n, i = self.num_processes, self.process_index
-        if n == 1:
-            yield inputs
-            return
-        length = len(next(iter(inputs.values()))) if isinstance(inputs, dict) else len(inputs)
-        per, extra = divmod(length, n)
-        start = i * per + min(i, extra)
-        end = start + per + (1 if i < extra else 0)
-        target = per + (1 if extra else 0)
-
-        def share(seq: Any) -> Any:
-            part = seq[start:end]
-            if apply_padding and len(part) < target and length > 0:
-                fill = part[-1:] if len(part) else seq[-1:]
-                if isinstance(part, torch.Tensor):
-                    part = torch.cat([part] + [fill] * (target - len(part)))
-                else:
-                    part = part + type(part)(fill) * (target - len(part))
-            return part
-
-        yield {k: share(v) for k, v in inputs.items()} if isinstance(inputs, dict) else share(inputs)
-
     def free_memory(self, *objects: Any) -> list[Any]:
         """Drop references to prepared objects and release cached device memory."""
         self._models.clear()
@@ -621,7 +613,65 @@ class Accelerator:
                              "is not supported.")
         from app.distributed.checkpointing import save_state
 
-        return save_state(self, output_dir, metadata)
+        with self._models_kept_by(self._save_state_pre_hooks, output_dir, with_weights=True):
+            return save_state(self, output_dir, metadata)
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs before ``save_state`` writes; a model it removes
+        from ``models`` is not saved (``weights`` are their state dicts, to read). Returns a handle
+        whose ``remove()`` unregisters it."""
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs before ``load_state`` reads; a model it removes from
+        ``models`` is not loaded. Returns a handle whose ``remove()`` unregisters it."""
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
+
+    @contextlib.contextmanager
+    def _models_kept_by(self, hooks: dict[int, Callable[..., None]], folder: Any, with_weights: bool) -> Iterator[None]:
+        if not hooks:
+            yield
+            return
+        models = list(self._models)
+        where = str(folder if folder is not None else (self.project_dir or Path.cwd()) / "checkpoints")
+        for hook in hooks.values():
+            if with_weights:
+                hook(models, [self.get_state_dict(m) for m in models], where)
+            else:
+                hook(models, where)
+        everything, self._models = self._models, [m for m in self._models if any(m is k for k in models)]
+        try:
+            yield
+        finally:
+            self._models = everything
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Write ``obj`` from the main process: a dict of tensors as safetensors, anything JSON can
+        hold as JSON. Nothing is pickled: other objects are refused.
+
+        >>> accelerator.save(accelerator.get_state_dict(model), "weights.safetensors")
+        """
+        if not self.is_main_process:
+            return
+        if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().cpu().contiguous() for k, v in obj.items()}, str(f))
+            return
+        try:
+            text = json.dumps(obj)
+        except TypeError as error:
+            raise ValueError(f"Accelerator.save writes a dict of tensors (safetensors) or JSON data, never pickle; "
+                             f"a {type(obj).__name__} is neither ({error}).") from None
+        Path(f).write_text(text)
+
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """True when the model was loaded with a ``device_map`` spreading it over several devices."""
+        return any(len(getattr(m, "hf_device_map", None) or {}) > 1 for m in model.modules())
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None, *, config_hash: str | None = None) -> Any:
         """Restore what save_state wrote, RNG states last; returns the checkpoint's manifest.
@@ -635,7 +685,8 @@ class Accelerator:
         """
         from app.distributed.checkpointing import load_state
 
-        return load_state(self, input_dir, config_hash)
+        with self._models_kept_by(self._load_state_pre_hooks, input_dir, with_weights=False):
+            return load_state(self, input_dir, config_hash)
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:

@@ -13,22 +13,34 @@ be dropped after a gather. Without it, ranks may get fewer or smaller batches at
 ``fixed_shapes`` (a backend that compiles one program per shape, XLA) the last step is completed
 the same way even on one process, so every batch of every loader has the full size.
 
+Where the order comes from. With a data seed (``Accelerator(seed=...)``, as the engine passes, or
+``DataLoaderConfiguration(use_seedable_sampler=True)``) each epoch's permutation is drawn from
+``seed + epoch``, and iterating never draws from the global torch RNG: a run resumed mid-epoch
+consumes random numbers exactly as the uninterrupted run did. Without one (Accelerate's default)
+the order is whatever the user's sampler yields at each pass, so one process sees exactly the order
+of the plain DataLoader; on several processes the sampler's generator is made common to all ranks
+(rank 0's state, at every pass). Either way a finished pass moves to the next epoch, so a shuffled
+loader reshuffles without ``set_epoch`` (which still selects an epoch explicitly).
+
+A user's own batch sampler (``DataLoader(batch_sampler=...)``, or ``sampler=BatchSampler(...),
+batch_size=None``) is kept: its batches are dealt to the ranks in turn (Accelerate's
+``BatchSamplerShard``). Iterable datasets are handled in ``data_iterable.py``.
+
 Resuming. The sampler's position is (epoch, global steps already taken); skipping is an index slice,
 so resuming never replays the data pipeline. A loader's ``state_dict`` records the position as
 *samples* consumed in the epoch, so a different number of processes resumes at the same sample.
-Iterating never draws from the global torch RNG (the DataLoader gets its own generator, seeded per
-epoch): a run resumed mid-epoch consumes random numbers exactly as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
 from app.distributed.length_grouping import LengthGroupedSampler, group_by_length
 from app.distributed.operations import recursively_apply
@@ -40,16 +52,26 @@ class GradientState:
     """What the data pipeline tells the gradient-accumulation logic (owned by one Accelerator).
 
     Loaders being iterated form a stack (an evaluation loop may run inside a training epoch); the
-    innermost one answers ``end_of_dataloader`` and ``remainder``.
+    innermost one answers ``active_dataloader``, ``end_of_dataloader`` and ``remainder``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
         self.sync_gradients = True
-        self.active: list[DataLoaderShard] = []
+        self.active: list[Any] = []
+        plugin = gradient_accumulation_plugin
+        self.num_steps: int = (getattr(plugin, "num_steps", None) or 1)
+        self.adjust_scheduler: bool = getattr(plugin, "adjust_scheduler", True)
+        self.sync_with_dataloader: bool = getattr(plugin, "sync_with_dataloader", True)
+        self.sync_each_batch: bool = getattr(plugin, "sync_each_batch", False)
 
     @property
     def in_dataloader(self) -> bool:
         return bool(self.active)
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost prepared loader being iterated, or None."""
+        return self.active[-1] if self.active else None
 
     @property
     def end_of_dataloader(self) -> bool:
@@ -59,6 +81,28 @@ class GradientState:
     def remainder(self) -> int:
         """Real samples in the last global step of the innermost loader; -1 before its end."""
         return self.active[-1].remainder if self.active else -1
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A RandomSampler whose pass ``e`` is the permutation drawn from ``initial_seed + e``
+    (Accelerate's class and semantics): reproducible whatever else draws random numbers, and
+    identical on every process given the same seed. ``initial_seed`` defaults to
+    ``data_seed``, else ``torch.initial_seed()``."""
+
+    def __init__(self, *args: Any, data_seed: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.initial_seed = data_seed if data_seed is not None else torch.initial_seed()
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
 
 class ShardedBatchSampler(Sampler[list[int]]):
@@ -77,6 +121,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         even_batches: bool = True,
         split_batches: bool = False,
         lengths: Sequence[int] | None = None,
+        sampler: Sampler[int] | None = None,
+        batch_sampler: Any = None,
         fixed_shapes: bool = False,
     ):
         if lengths is not None and len(lengths) != num_samples:
@@ -86,10 +132,15 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 f"split_batches needs a batch size ({batch_size}) divisible by the number of processes "
                 f"({num_processes})."
             )
+        self.sampler = sampler
+        """Where each pass's order comes from (None: ``seed + epoch``, or sequential)."""
+        self.batch_source = batch_sampler
+        """A user's batch sampler whose batches are dealt to the ranks (Accelerate's BatchSamplerShard)."""
+        self.split_batches = split_batches
         self.num_samples = num_samples
         self.per_process_batch = batch_size // num_processes if split_batches else batch_size
         self.shuffle = shuffle
-        self.seed = seed
+        self._seed = seed
         self.drop_last = drop_last
         self.num_processes = num_processes
         self.process_index = process_index
@@ -104,8 +155,32 @@ class ShardedBatchSampler(Sampler[list[int]]):
         """Global steps of the current epoch to skip (set when resuming mid-epoch)."""
 
     @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed = value
+        if isinstance(self.sampler, SeedableRandomSampler):
+            self.sampler.initial_seed = value
+
+    @property
+    def batch_sampler(self) -> Any:
+        """What the shards are cut from (Accelerate's ``BatchSamplerShard.batch_sampler``): the user's
+        batch sampler, or a BatchSampler over the order's sampler."""
+        if self.batch_source is not None:
+            return self.batch_source
+        order = self.sampler if self.sampler is not None else SequentialSampler(range(self.num_samples))
+        return BatchSampler(order, self.per_process_batch, self.drop_last)
+
+    @property
     def global_batch(self) -> int:
         return self.per_process_batch * self.num_processes
+
+    @property
+    def drawn_per_pass(self) -> bool:
+        """Whether the order is drawn from the user's sampler when a pass starts."""
+        return self.batch_source is not None or (self.sampler is not None and not isinstance(self.sampler, SeedableRandomSampler))
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -115,12 +190,21 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def global_steps(self) -> int:
         """Global steps in a full epoch."""
+        if self.batch_source is not None:
+            batches = len(self.batch_source)
+            if self.split_batches:
+                return batches
+            whole, extra = divmod(batches, self.num_processes)
+            return whole + int(extra > 0 and not self.drop_last)
         if self.drop_last:
             return self.num_samples // self.global_batch
         return math.ceil(self.num_samples / self.global_batch)
 
     def __len__(self) -> int:
         steps = self.global_steps() - self.skip_steps
+        if self.batch_source is not None and not (self.split_batches or self.even_batches or self.drop_last):
+            extra = len(self.batch_source) % self.num_processes
+            return max(steps - int(0 < extra <= self.process_index), 0)
         if self.drop_last or self.even_batches or self.fixed_shapes or self.num_processes == 1:
             return max(steps, 0)
         # Without even batches, trailing ranks may have nothing in the last global step.
@@ -129,6 +213,10 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return max(steps - 1 + int(has_last), 0)
 
     def epoch_order(self) -> list[int]:
+        if self.sampler is not None:
+            if isinstance(self.sampler, SeedableRandomSampler):
+                self.sampler.set_epoch(self.epoch)
+            return list(self.sampler)
         if not self.shuffle:
             return list(range(self.num_samples))
         generator = torch.Generator()
@@ -142,11 +230,16 @@ class ShardedBatchSampler(Sampler[list[int]]):
 
     def last_step_remainder(self) -> int:
         """Real samples in the final global step of an epoch."""
+        if self.batch_source is not None:
+            return self._last_real
         if self.drop_last:
             return self.global_batch
         return self.num_samples - (self.global_steps() - 1) * self.global_batch
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.batch_source is not None:
+            yield from self._deal(list(self.batch_source))
+            return
         order = self.epoch_order()
         steps = self.global_steps()
         pad = steps * self.global_batch - len(order)
@@ -160,6 +253,41 @@ class ShardedBatchSampler(Sampler[list[int]]):
             batch = order[start : start + b]
             if batch:
                 yield batch
+
+    _last_real = -1
+
+    def _deal(self, batches: list[list[int]]) -> Iterator[list[int]]:
+        """A user's batches, dealt to the ranks: global step ``s`` is batches ``s*n .. s*n+n-1``
+        (with ``split_batches``: batch ``s``, cut in ``n`` parts). The last global step is completed
+        from the epoch's first samples when batches are even, as Accelerate's BatchSamplerShard does."""
+        n, r = self.num_processes, self.process_index
+        size = getattr(self.batch_source, "batch_size", None)
+        if self.split_batches:
+            if not size or size % n:
+                raise ValueError(f"split_batches needs the batch sampler's batch_size ({size}) to be a multiple of "
+                                 f"the number of processes ({n}).")
+            per = size // n
+            steps = [[batch[i * per:(i + 1) * per] for i in range(n)] for batch in batches]
+        else:
+            per = size or max((len(b) for b in batches), default=0)
+            steps = [batches[i:i + n] for i in range(0, len(batches), n)]
+        first = [i for step in steps[:1] for part in step for i in part] or [i for b in batches for i in b]
+        if steps:
+            last = steps[-1]
+            real = sum(len(part) for part in last)
+            self._last_real = real
+            incomplete = len(last) < n or any(len(part) < per for part in last)
+            if incomplete and self.drop_last:
+                steps = steps[:-1]
+                self._last_real = per * n
+            elif incomplete and self.even_batches and n > 1:
+                pool = [i for part in last for i in part]
+                cycle = first * (per * n // max(len(first), 1) + 1)
+                pool += cycle[: per * n - len(pool)]
+                steps[-1] = [pool[i * per:(i + 1) * per] for i in range(n)]
+        for step in steps[self.skip_steps:]:
+            if r < len(step) and step[r]:
+                yield step[r]
 
 
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -180,9 +308,12 @@ class DataLoaderShard:
 
     def __init__(self, loader: DataLoader, batch_sampler: ShardedBatchSampler, device: torch.device,
                  state: GradientState, generator: torch.Generator | None = None,
-                 place: Callable[[Any], Any] | None = None):
+                 before_pass: Callable[[], None] | None = None, place: Callable[[Any], Any] | None = None):
         self.base_dataloader = loader
         self.generator = generator
+        """Our own generator (seeded mode): reseeded from (seed, epoch) at every pass."""
+        self.before_pass = before_pass
+        """Called when a pass starts (makes the user's sampler generator common to all ranks)."""
         self.position = 0
         """Global steps of the current epoch already handed out (skipped ones included)."""
         self._resume_at: int | None = None
@@ -219,6 +350,8 @@ class DataLoaderShard:
         if self.generator is not None:
             # Worker seeds depend on (seed, epoch) only, and the global RNG is left untouched.
             self.generator.manual_seed(sampler.seed + sampler.epoch)
+        if self.before_pass is not None:
+            self.before_pass()
         if self._resume_at is not None and not sampler.skip_steps:
             sampler.skip_steps = self._resume_at
         self._resume_at = None
@@ -235,9 +368,10 @@ class DataLoaderShard:
                 self.position += 1
                 yield self._place(current) if self._place is not None else current
                 current = upcoming
-            # A finished pass leaves nothing to skip: a checkpoint taken now resumes at a fresh pass
-            # (the evaluation loader, or the training loader once the loop moves to the next epoch).
+            # A finished pass leaves nothing to skip, and the next pass is the next epoch (a shuffled
+            # loader reshuffles without set_epoch; set_epoch still picks an epoch explicitly).
             self.position = 0
+            sampler.set_epoch(sampler.epoch + 1)
         finally:
             self.gradient_state.active.remove(self)
             self.end_of_dataloader = False
@@ -245,8 +379,11 @@ class DataLoaderShard:
             self.batch_sampler.skip_steps = 0
 
     def state_dict(self) -> dict[str, int]:
-        """Epoch, shuffle seed and samples consumed in the epoch (by all processes together)."""
+        """Epoch, shuffle seed and samples consumed in the epoch (by all processes together); for a
+        user's batch sampler, global steps consumed."""
         s = self.batch_sampler
+        if s.batch_source is not None:
+            return {"epoch": s.epoch, "seed": s.seed, "steps_in_epoch": self.position}
         # Inside the epoch's last step (not yet moved on): the whole epoch is consumed.
         done = s.num_samples if self.position >= s.global_steps() else self.position * s.global_batch
         return {"epoch": s.epoch, "seed": s.seed, "global_batch": s.global_batch, "samples_in_epoch": done}
@@ -259,6 +396,9 @@ class DataLoaderShard:
         s = self.batch_sampler
         s.seed = int(state["seed"])
         s.epoch = int(state["epoch"])
+        if "steps_in_epoch" in state:
+            self._resume_at = self.position = int(state["steps_in_epoch"])
+            return
         done = int(state["samples_in_epoch"])
         self._resume_at = self.position = s.global_steps() if done >= s.num_samples else done // s.global_batch
         if done < s.num_samples and done % s.global_batch:
@@ -267,12 +407,22 @@ class DataLoaderShard:
                         done % s.global_batch)
 
 
-def find_sampling(loader: DataLoader) -> tuple[bool, Sequence[int] | None]:
-    """Whether the user's loader shuffles, and the sample lengths when it groups them by length."""
-    sampler = loader.batch_sampler.sampler if isinstance(loader.batch_sampler, BatchSampler) else loader.sampler
-    if isinstance(sampler, LengthGroupedSampler):
-        return True, sampler.lengths
-    return isinstance(sampler, RandomSampler), None
+def user_sampler(loader: DataLoader) -> Any:
+    """The index sampler inside the user's loader (None when it brings its own batch sampler)."""
+    if isinstance(loader.sampler, BatchSampler):
+        return None
+    if isinstance(loader.batch_sampler, BatchSampler):
+        return loader.batch_sampler.sampler
+    return None if loader.batch_sampler is not None else loader.sampler
+
+
+def user_batch_sampler(loader: DataLoader) -> Any:
+    """The user's own batch sampler, or None for a plain ``batch_size`` loader."""
+    if isinstance(loader.sampler, BatchSampler):
+        return loader.sampler  # sampler=BatchSampler(...), batch_size=None
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        return loader.batch_sampler
+    return None
 
 
 def shard_dataloader(
@@ -282,43 +432,71 @@ def shard_dataloader(
     state: GradientState,
     num_processes: int,
     process_index: int,
-    seed: int,
+    seed: int | None,
     even_batches: bool,
     split_batches: bool,
+    agreed_seed: Callable[[], int] | None = None,
+    synchronize: Callable[[torch.Generator], None] | None = None,
     fixed_shapes: bool = False,
     place: Callable[[Any], Any] | None = None,
 ) -> DataLoaderShard:
     """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
-    workers); a RandomSampler becomes the seeded per-epoch shuffle, a LengthGroupedSampler the same
-    shuffle grouped by length."""
-    if loader.batch_size is None:
-        raise ValueError("prepare() needs a DataLoader built with batch_size (a custom batch_sampler is not supported).")
-    shuffle, lengths = find_sampling(loader)
-    sampler = ShardedBatchSampler(
-        len(loader.dataset),  # type: ignore[arg-type]
-        loader.batch_size,
+    workers). ``seed``: shuffle from ``seed + epoch`` (a RandomSampler becomes a
+    SeedableRandomSampler, a LengthGroupedSampler the same shuffle grouped by length); None: follow
+    the user's sampler at each pass. On several processes ``agreed_seed`` gives the sampler a common
+    generator when it has none, and ``synchronize`` copies rank 0's generator state at every pass."""
+    batch_source = user_batch_sampler(loader)
+    sampler = user_sampler(loader)
+    lengths = sampler.lengths if isinstance(sampler, LengthGroupedSampler) else None
+    if isinstance(sampler, LengthGroupedSampler) and seed is None:
+        seed = sampler.seed
+    follow: Sampler[int] | None = None
+    shuffle = isinstance(sampler, (RandomSampler, LengthGroupedSampler))
+    if batch_source is None and lengths is None:
+        if seed is not None and isinstance(sampler, RandomSampler) and not sampler.replacement:
+            follow = SeedableRandomSampler(range(len(sampler)), num_samples=len(sampler), data_seed=seed)
+        elif not isinstance(sampler, SequentialSampler):
+            follow = sampler  # the user's order, drawn at each pass
+    generator = loader.generator
+    before_pass: Callable[[], None] | None = None
+    owner = follow if not isinstance(follow, SeedableRandomSampler) else None
+    owner = owner if owner is not None else getattr(batch_source, "sampler", None)
+    if num_processes > 1 and isinstance(owner, RandomSampler):
+        if owner.generator is None and agreed_seed is not None:
+            owner.generator = torch.Generator().manual_seed(agreed_seed())
+        if synchronize is not None and owner.generator is not None:
+            before_pass = functools.partial(synchronize, owner.generator)
+    own_generator = None
+    if (follow is None and batch_source is None) or isinstance(follow, SeedableRandomSampler):
+        # Seeded order: the DataLoader gets its own generator (worker seeds), not the global RNG.
+        generator = own_generator = torch.Generator()
+    per_pass_len = len(follow) if follow is not None else len(loader.dataset)  # type: ignore[arg-type]
+    batch_size = loader.batch_size if loader.batch_size is not None else getattr(batch_source, "batch_size", None) or 1
+    sharded = ShardedBatchSampler(
+        per_pass_len,
+        batch_size,
         shuffle=shuffle,
         lengths=lengths,
-        seed=seed,
-        drop_last=loader.drop_last,
+        seed=seed if seed is not None else 0,
+        drop_last=loader.drop_last if batch_source is None else bool(getattr(batch_source, "drop_last", False)),
         num_processes=num_processes,
         process_index=process_index,
         even_batches=even_batches,
         split_batches=split_batches,
+        sampler=follow,
+        batch_sampler=batch_source,
         fixed_shapes=fixed_shapes,
     )
-    generator = torch.Generator()
-    rebuilt = DataLoader(
-        loader.dataset,
-        batch_sampler=sampler,
-        generator=generator,
-        collate_fn=loader.collate_fn,
-        num_workers=loader.num_workers,
-        pin_memory=loader.pin_memory,
-        worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
-    )
-    return DataLoaderShard(rebuilt, sampler, device, state, generator, place)
+    common: dict[str, Any] = {
+        "collate_fn": loader.collate_fn, "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+        "worker_init_fn": loader.worker_init_fn, "generator": generator,
+        "persistent_workers": loader.persistent_workers if loader.num_workers > 0 else False}
+    if isinstance(loader.sampler, BatchSampler):
+        # sampler=BatchSampler(...), batch_size=None: the dataset is indexed with a whole batch.
+        rebuilt = DataLoader(loader.dataset, sampler=sharded, batch_size=None, **common)  # type: ignore[arg-type]
+    else:
+        rebuilt = DataLoader(loader.dataset, batch_sampler=sharded, **common)  # type: ignore[arg-type]
+    return DataLoaderShard(rebuilt, sharded, device, state, own_generator, before_pass, place)
 
 
 def skip_first_batches(loader: DataLoaderShard, num_batches: int) -> DataLoaderShard:

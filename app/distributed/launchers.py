@@ -91,7 +91,10 @@ def notebook_launcher(
         try:
             results = elastic_launch(config, function)(*args)
         except ChildFailedError as err:
-            raise worker_failure(err) from None
+            failed = worker_failure(err)
+            # Also a ChildFailedError, which Accelerate's notebook_launcher raises and scripts catch.
+            raise type("NotebookWorkerFailed", (type(failed), ChildFailedError), {})(
+                str(failed), failed.traceback) from None
         return [results[rank] for rank in sorted(results)]
 
 

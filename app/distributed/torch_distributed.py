@@ -132,12 +132,23 @@ class DDPBackend(TorchDistributedBackend):
     def distributed_type(self) -> str:
         return "MULTI_CPU" if self.device.type == "cpu" else "MULTI_GPU"
 
+    ddp_kwargs: Any = None
+    """A ``DistributedDataParallelKwargs`` (from ``Accelerator(kwargs_handlers=...)``): the DDP
+    constructor's arguments and a communication hook."""
+
+    def configure_ddp(self, ddp_kwargs: Any) -> None:
+        self.ddp_kwargs = ddp_kwargs
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # nothing to synchronise (a frozen or evaluation-only model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        arguments = self.ddp_kwargs.ddp_arguments() if self.ddp_kwargs is not None else {}
+        wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **arguments)
+        if self.ddp_kwargs is not None:
+            self.ddp_kwargs.register_comm_hook(wrapped)
+        return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model

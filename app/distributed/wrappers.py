@@ -63,6 +63,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
 
+    def train(self) -> None:
+        """Schedule-free optimizers switch their parameters to training mode (no-op for others)."""
+        if hasattr(self.optimizer, "train"):
+            self.optimizer.train()
+
+    def eval(self) -> None:
+        """Schedule-free optimizers switch their parameters to the averaged (evaluation) point."""
+        if hasattr(self.optimizer, "eval"):
+            self.optimizer.eval()
+
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"
 
@@ -74,14 +84,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
 
 class AcceleratedScheduler:
-    """Steps the wrapped scheduler once per real optimizer step, whatever the number of processes."""
+    """Steps the wrapped scheduler ``steps_per_optimizer_step`` times per real optimizer step
+    (Accelerate: once per process unless ``split_batches``; our engine: once)."""
 
     def __init__(self, scheduler: Any, optimizers: list[AcceleratedOptimizer], gradient_state: GradientState,
-                 step_with_optimizer: bool = True):
+                 step_with_optimizer: bool = True, steps_per_optimizer_step: int = 1):
         self.scheduler = scheduler
         self.optimizers = optimizers
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
+        self.steps_per_optimizer_step = steps_per_optimizer_step
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         if not self.step_with_optimizer:
@@ -91,7 +103,10 @@ class AcceleratedScheduler:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
-        self.scheduler.step(*args, **kwargs)
+        for _ in range(self.steps_per_optimizer_step):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()

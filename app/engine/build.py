@@ -34,6 +34,9 @@ def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
         log_with=["jsonl", *(t.value for t in cfg.logging.trackers)],
         backend=build_backend(cfg.hardware),
         seed=cfg.seed,
+        # Our choice: one scheduler step per optimizer step on any number of processes (the
+        # schedule is sized in optimizer steps by total_optimizer_steps), not Accelerate's one per process.
+        scale_scheduler_by_processes=False,
     )
 
 

@@ -1,0 +1,134 @@
+"""The names Accelerate scripts import from ``accelerate.utils``, laid out so that
+
+    from accelerate.utils import DistributedType, gather, set_seed
+
+becomes
+
+    from app.distributed.utils import DistributedType, gather, set_seed
+
+The functional operations act on the live process group (``state.py``); the configuration objects
+are those ``Accelerator`` takes.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from app.distributed.configuration import (
+    DataLoaderConfiguration,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    KwargsHandler,
+    ProjectConfiguration,
+)
+from app.distributed.functional import (
+    DistributedOperationException,
+    broadcast,
+    broadcast_object_list,
+    copy_tensor_to_devices,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    send_to_device,
+    synchronize_rng_state,
+    synchronize_rng_states,
+)
+from app.distributed.hardware.availability import (
+    is_bf16_available,
+    is_bnb_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_fp8_available,
+    is_fp16_available,
+    is_hpu_available,
+    is_megatron_lm_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_neuron_available,
+    is_npu_available,
+    is_pytest_available,
+    is_rocm_available,
+    is_safetensors_available,
+    is_sdaa_available,
+    is_tensorboard_available,
+    is_torch_xla_available,
+    is_torchdata_stateful_dataloader_available,
+    is_transformers_available,
+    is_wandb_available,
+    is_xpu_available,
+)
+from app.distributed.hardware.kinds import DistributedType, RNGType
+from app.distributed.local_sgd import LocalSGD
+from app.distributed.memory import find_executable_batch_size
+from app.distributed.profiling import ProfileKwargs
+from app.distributed.random import set_seed
+from app.distributed.state import live_backend
+
+
+def wait_for_everyone() -> None:
+    """Block until every process reaches this point."""
+    live_backend().barrier()
+
+
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
+    """The user's module inside a DDP (or ``torch.compile``) wrapper."""
+    while isinstance(model, nn.parallel.DistributedDataParallel) or hasattr(model, "_orig_mod"):
+        inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
+        model = inner  # type: ignore[assignment]
+    return model
+
+
+__all__ = [
+    "DDPCommunicationHookType",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedOperationException",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "KwargsHandler",
+    "LocalSGD",
+    "ProfileKwargs", "ProjectConfiguration",
+    "RNGType",
+    "broadcast",
+    "broadcast_object_list",
+    "copy_tensor_to_devices",
+    "extract_model_from_parallel",
+    "find_executable_batch_size",
+    "gather",
+    "gather_object",
+    "is_bf16_available",
+    "is_bnb_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_fp8_available",
+    "is_fp16_available",
+    "is_hpu_available",
+    "is_megatron_lm_available",
+    "is_mlu_available",
+    "is_mps_available",
+    "is_musa_available",
+    "is_neuron_available",
+    "is_npu_available",
+    "is_pytest_available",
+    "is_rocm_available",
+    "is_safetensors_available",
+    "is_sdaa_available",
+    "is_tensorboard_available",
+    "is_torch_xla_available",
+    "is_torchdata_stateful_dataloader_available",
+    "is_transformers_available",
+    "is_wandb_available",
+    "is_xpu_available",
+    "pad_across_processes",
+    "reduce",
+    "send_to_device",
+    "set_seed",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+    "wait_for_everyone",
+]
