@@ -59,6 +59,9 @@ CHECKS = {
 }
 
 EXCLUDED = {
+    "test_fault_tolerant": "racy by design, under Accelerate too: a restarted attempt can leave one process "
+                           "returning early (empty queue) while the other's PartialState() waits in the process "
+                           "group for it (seen here: a 5-minute stall on a loaded machine)",
     "test_reinstantiated_state": "Accelerate internals: after AcceleratorState._reset_state() it expects prepare() "
                                  "of an existing Accelerator to fail; ours owns its state and keeps working",
 }
