@@ -120,6 +120,36 @@ def test_plugin_save_and_state_hooks(tmp_path: Path):
     assert torch.equal(second.weight, torch.full((2, 2), 5.0))  # left alone by the load hook
 
 
+def test_log_with_all_plugin_options_and_schedule_free_modes(tmp_path: Path):
+    assert Accelerator(cpu=True, log_with="all")._log_with == ["tensorboard", "wandb"]  # both installed here
+
+    # sync_with_dataloader=False: the accumulation carries over the end of the (7-batch) epoch.
+    plugin = GradientAccumulationPlugin(num_steps=3, sync_with_dataloader=False)
+    acc = Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
+    loader = acc.prepare(DataLoader(TensorDataset(torch.arange(7.0)), batch_size=1))
+    pattern = []
+    for _ in range(2):
+        for _batch in loader:
+            with acc.accumulate():
+                pattern.append(acc.sync_gradients)
+    assert [i + 1 for i, synced in enumerate(pattern) if synced] == [3, 6, 9, 12]
+
+    class ScheduleFree(torch.optim.SGD):  # the train()/eval() pair schedule-free optimizers have
+        mode = "train"
+
+        def train(self) -> None:
+            self.mode = "train"
+
+        def eval(self) -> None:
+            self.mode = "eval"
+
+    opt = acc.prepare(ScheduleFree(nn.Linear(1, 1).parameters(), lr=0.1))
+    opt.eval()
+    assert opt.optimizer.mode == "eval"
+    opt.train()
+    assert opt.optimizer.mode == "train"
+
+
 def test_find_executable_batch_size_halves_after_out_of_memory():
     tried = []
 
@@ -174,6 +204,15 @@ def two_process_worker() -> dict[str, Any]:
                   "static_graph": model.static_graph, "bucket_view": model.gradient_as_bucket_view,
                   "hooks": [hook.__name__ for hook, _ in model._comm_hooks]}
     out["grad"] = model.module[0].weight.grad.tolist()
+
+    # sync_each_batch: gradients are all-reduced on a micro-step that does not step the optimizer.
+    for each in (False, True):
+        acc = Accelerator(backend=backend, gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=2, sync_each_batch=each))
+        model = acc.prepare(nn.Linear(2, 1))
+        with acc.accumulate(model):
+            acc.backward(model(torch.full((1, 2), float(rank + 1))).sum())
+        out[f"first_micro_grad_{each}"] = (acc.sync_gradients, model.module.weight.grad.tolist())
 
     # A datasets.Dataset is split by rows.
     acc = Accelerator(backend=backend)
@@ -247,3 +286,12 @@ def test_local_sgd_steps_locally_then_averages_parameters(two: list[dict[str, An
     # where rank 0's first step left w0 - 0.1.
     assert a2 == b2
     assert [round(v, 6) for v in a2] == [round(x - 0.2, 6) for x in a1]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_sync_each_batch_all_reduces_every_micro_step(two: list[dict[str, Any]]):
+    (step0, local0), (_, local1) = two[0]["first_micro_grad_False"], two[1]["first_micro_grad_False"]
+    assert not step0 and local0 != local1  # no_sync: each rank keeps its own gradient
+    (step0, synced0), (_, synced1) = two[0]["first_micro_grad_True"], two[1]["first_micro_grad_True"]
+    assert not step0 and synced0 == synced1  # all-reduced, although the optimizer does not step yet

@@ -357,8 +357,9 @@ class Accelerator(ProcessControl):
 
     def _do_sync(self) -> None:
         state = self.gradient_state
-        if state.end_of_dataloader:
-            # The epoch's last micro-batch always completes an optimizer step.
+        if state.end_of_dataloader and state.sync_with_dataloader:
+            # The epoch's last micro-batch completes an optimizer step (unless the plugin's
+            # sync_with_dataloader=False carries the accumulation over into the next epoch).
             self._micro_step = 0
             state.sync_gradients = True
         else:
@@ -371,7 +372,8 @@ class Accelerator(ProcessControl):
         ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
         self.step += 1
         self._do_sync()
-        if self.gradient_state.sync_gradients or self.num_processes == 1:
+        # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
+        if self.gradient_state.sync_gradients or self.num_processes == 1 or self.gradient_state.sync_each_batch:
             yield
             return
         with contextlib.ExitStack() as stack:

@@ -62,6 +62,7 @@ from app.distributed.hardware.availability import (
     is_xpu_available,
 )
 from app.distributed.hardware.kinds import DistributedType, RNGType
+from app.distributed.launchers import notebook_launcher
 from app.distributed.local_sgd import LocalSGD
 from app.distributed.memory import find_executable_batch_size
 from app.distributed.profiling import ProfileKwargs
@@ -91,7 +92,8 @@ __all__ = [
     "GradientAccumulationPlugin",
     "KwargsHandler",
     "LocalSGD",
-    "ProfileKwargs", "ProjectConfiguration",
+    "ProfileKwargs",
+    "ProjectConfiguration",
     "RNGType",
     "broadcast",
     "broadcast_object_list",
@@ -124,6 +126,7 @@ __all__ = [
     "is_transformers_available",
     "is_wandb_available",
     "is_xpu_available",
+    "notebook_launcher",
     "pad_across_processes",
     "reduce",
     "send_to_device",
