@@ -120,6 +120,22 @@ def test_plugin_save_and_state_hooks(tmp_path: Path):
     assert torch.equal(second.weight, torch.full((2, 2), 5.0))  # left alone by the load hook
 
 
+def test_project_configuration_total_limit_keeps_the_newest_checkpoints(tmp_path: Path):
+    from app.distributed.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    acc = Accelerator(cpu=True, project_config=config)
+    model = acc.prepare(nn.Linear(2, 2))
+    for value in range(4):
+        with torch.no_grad():
+            model.weight.fill_(float(value))
+        acc.save_state()
+    # Accelerate's rotation: the two newest stay (numbered on), the older ones are gone.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint_2", "checkpoint_3"]
+    acc.load_state()
+    assert torch.equal(model.weight, torch.full((2, 2), 3.0))
+
+
 def test_log_with_all_plugin_options_and_schedule_free_modes(tmp_path: Path):
     assert Accelerator(cpu=True, log_with="all")._log_with == ["tensorboard", "wandb"]  # both installed here
 

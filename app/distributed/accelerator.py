@@ -22,6 +22,7 @@ Our engine chooses two things explicitly: ``scale_scheduler_by_processes=False``
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -335,7 +336,8 @@ class Accelerator(ProcessControl):
                 agreed_seed=self.data_seed,
                 synchronize=self._synchronize_generator if "generator" in self.rng_types else None,
                 fixed_shapes=self.static_shapes,
-                place=self.backend.place_batch if device.type != "cpu" else None,
+                place=(functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
+                       if device.type != "cpu" else None),
             )
         self._dataloaders.append(shard)
         return shard

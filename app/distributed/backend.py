@@ -44,11 +44,12 @@ class Backend:
     data loaders then pad their last batch to full size and tasks pad sequences to a fixed length."""
 
     # -- data -----------------------------------------------------------------------------------------
-    def place_batch(self, batch: Any) -> Any:
-        """Put a batch built on the host onto this backend's device."""
+    def place_batch(self, batch: Any, non_blocking: bool = False) -> Any:
+        """Put a batch built on the host onto this backend's device (``non_blocking``: an
+        asynchronous copy from pinned memory, ``DataLoaderConfiguration(non_blocking=True)``)."""
         from app.distributed.data import send_to_device
 
-        return send_to_device(batch, self.device)
+        return send_to_device(batch, self.device, non_blocking=non_blocking)
 
     # -- model ----------------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:

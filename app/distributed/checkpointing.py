@@ -95,12 +95,19 @@ def save_state(acc: Accelerator, output_dir: str | os.PathLike[str] | None = Non
     temporary_name, final_name, number = backend.broadcast_object(plan, src=0)
     temporary, final = Path(temporary_name), Path(final_name)
     try:
-        return _write_checkpoint(acc, temporary, final, number, metadata)
+        saved = _write_checkpoint(acc, temporary, final, number, metadata)
     except OSError as err:
         if err.errno not in store.DISK_FULL_ERRNOS:
             raise
         # A partial checkpoint is never chosen (it has no manifest); remove it now, not at the next save.
         raise store.disk_full(final.parent, temporary if acc.is_main_process else None, final.name) from None
+    limit = acc.project_configuration.total_limit
+    if output_dir is None and limit is not None and acc.is_main_process:
+        # ProjectConfiguration(total_limit=N), as in Accelerate: only the N newest project checkpoints
+        # stay, removed once the new one is complete (never the one just written).
+        store.rotate(saved.parent, limit, keep_best=False, newest=saved)
+    acc.wait_for_everyone()
+    return saved
 
 
 def _write_checkpoint(acc: Accelerator, temporary: Path, final: Path, number: int,

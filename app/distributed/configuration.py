@@ -96,8 +96,9 @@ class DataLoaderConfiguration:
     ``dispatch_batches``: the main process reads every batch and sends each process its share
     (default: only for iterable datasets). ``use_seedable_sampler``: shuffle from
     ``data_seed + epoch`` (default seed: ``torch.initial_seed()``), reproducible whatever the
-    order of other random draws. ``use_stateful_dataloader``: our prepared loaders always have
-    ``state_dict``/``load_state_dict``, so it changes nothing.
+    order of other random draws. ``non_blocking``: batches are copied to the device asynchronously
+    (useful with ``pin_memory=True`` loaders on CUDA). ``use_stateful_dataloader``: our prepared
+    loaders always have ``state_dict``/``load_state_dict``, so it changes nothing.
     """
 
     split_batches: bool = False
@@ -111,9 +112,10 @@ class DataLoaderConfiguration:
 
 @dataclass
 class ProjectConfiguration:
-    """Where a run writes (Accelerate's fields). ``automatic_checkpoint_naming`` and
-    ``total_limit`` are kept for scripts that set them; our ``save_state`` always names
-    checkpoints ``checkpoint_<N>`` when no folder is given."""
+    """Where a run writes (Accelerate's fields). ``save_state()`` without a folder always names its
+    checkpoints ``<project_dir>/checkpoints/checkpoint_<N>`` (what ``automatic_checkpoint_naming``
+    asks for in Accelerate; N continues from the checkpoints already there, so ``iteration`` is not
+    needed). ``total_limit``: keep only the N newest of those, the oldest removed after each save."""
 
     project_dir: str | None = None
     logging_dir: str | None = None

@@ -8,7 +8,13 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from app.distributed.data import DataLoaderShard, GradientState, SeedableRandomSampler, shard_dataloader
+from app.distributed.data import (
+    DataLoaderShard,
+    GradientState,
+    SeedableRandomSampler,
+    send_to_device,
+    shard_dataloader,
+)
 from app.distributed.data import skip_first_batches as _skip
 from app.distributed.state import live_accelerator, live_backend
 
@@ -48,7 +54,9 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
                             num_processes=num_processes if num_processes is not None else backend.num_processes,
                             process_index=process_index if process_index is not None else backend.process_index,
                             seed=seed, even_batches=even_batches, split_batches=split_batches,
-                            agreed_seed=agreed_seed, synchronize=synchronize)
+                            agreed_seed=agreed_seed, synchronize=synchronize,
+                            place=(lambda batch: send_to_device(batch, target, non_blocking=non_blocking))
+                            if target.type != "cpu" else None)
 
 
 def skip_first_batches(dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:

@@ -79,8 +79,9 @@ class XlaSpmdBackend(Backend):
         return "XLA"
 
     # -- data -----------------------------------------------------------------------------------------
-    def place_batch(self, batch: Any) -> Any:
-        """Copy a host batch to the device, every tensor with a batch dimension sharded along it."""
+    def place_batch(self, batch: Any, non_blocking: bool = False) -> Any:
+        """Copy a host batch to the device, every tensor with a batch dimension sharded along it
+        (``non_blocking`` changes nothing here: XLA's transfers are asynchronous already)."""
         import torch_xla
 
         def place(t: torch.Tensor) -> torch.Tensor:
