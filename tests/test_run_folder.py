@@ -67,8 +67,11 @@ def test_a_used_run_folder_is_never_clobbered(tmp_path):
 @pytest.mark.timeout(200)
 def test_a_live_run_holds_its_folder_and_a_killed_one_lets_go(tmp_path):
     run = tmp_path / "run"
+    # No early stopping: on an idle machine the digits run would otherwise end within seconds, before
+    # the checks below, which need it alive (it is killed at the end).
     first = subprocess.Popen([sys.executable, "-m", "app", "trainer.max_epochs=200", "checkpoint.every_n_steps=5",
-                              "logging.progress_bar=false", "logging.trackers=[]", f"hydra.run.dir={run}"],
+                              "early_stopping.patience=null", "logging.progress_bar=false", "logging.trackers=[]",
+                              f"hydra.run.dir={run}"],
                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
