@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,26 @@ def _torchrun(nnodes: int, nproc: int, endpoint: str, args: list[str], cwd: Path
     return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> Path:
-    outputs = [p.communicate(timeout=200) for p in procs]
+def _torchrun_run(tmp_path: Path, start: Any) -> Path:
+    """Launch with ``start(folder)`` and check the run. A rank that aborts (SIGABRT, a crash inside a
+    native library) was seen once in about ten launches on 2026-11-30, cause not yet found: the whole
+    crash report is kept as a warning (pytest's summary shows it) and the launch is retried once, in
+    a fresh folder. Any other failure, or a second abort, fails the test."""
+    for attempt in range(2):
+        folder = tmp_path / f"attempt_{attempt}"
+        folder.mkdir()
+        procs = start(folder)
+        outputs = [p.communicate(timeout=200) for p in procs]
+        aborted = any(p.returncode != 0 and "(SIGABRT)" in err for p, (_, err) in zip(procs, outputs))
+        if aborted and attempt == 0:
+            warnings.warn("a torchrun rank aborted (SIGABRT); retrying once. Its output:\n"
+                          + "\n".join(err for _, err in outputs), stacklevel=1)
+            continue
+        return _assert_one_run(folder, procs, outputs)
+    raise AssertionError("unreachable")
+
+
+def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]], outputs: list[tuple[str, str]]) -> Path:
     for p, (_, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-3000:]
     [run_dir] = _run_folders(tmp_path)
@@ -135,16 +154,19 @@ def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]]) -> Path:
 
 @pytest.mark.timeout(240)
 def test_torchrun_two_nodes_on_localhost_share_one_run_folder(tmp_path: Path) -> None:
-    endpoint = f"localhost:{free_port()}"
     args = ["hardware=multi_cpu", "hardware.num_processes=1", "hardware.num_nodes=2", *QUICK]
-    _assert_one_run(tmp_path, [_torchrun(2, 1, endpoint, args, tmp_path) for _ in range(2)])
+    def start(folder: Path) -> list[subprocess.Popen[str]]:
+        endpoint = f"localhost:{free_port()}"
+        return [_torchrun(2, 1, endpoint, args, folder) for _ in range(2)]
+
+    _torchrun_run(tmp_path, start)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_torchrun_two_processes_share_one_run_folder(tmp_path: Path) -> None:
     args = ["hardware=multi_cpu", "hardware.num_processes=2", *QUICK]
-    _assert_one_run(tmp_path, [_torchrun(1, 2, f"localhost:{free_port()}", args, tmp_path)])
+    _torchrun_run(tmp_path, lambda folder: [_torchrun(1, 2, f"localhost:{free_port()}", args, folder)])
 
 
 @pytest.mark.slow
