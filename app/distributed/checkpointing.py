@@ -102,11 +102,13 @@ def save_state(acc: Accelerator, output_dir: str | os.PathLike[str] | None = Non
         # A partial checkpoint is never chosen (it has no manifest); remove it now, not at the next save.
         raise store.disk_full(final.parent, temporary if acc.is_main_process else None, final.name) from None
     limit = acc.project_configuration.total_limit
-    if output_dir is None and limit is not None and acc.is_main_process:
+    if output_dir is None and limit is not None:  # the same on every rank
         # ProjectConfiguration(total_limit=N), as in Accelerate: only the N newest project checkpoints
-        # stay, removed once the new one is complete (never the one just written).
-        store.rotate(saved.parent, limit, keep_best=False, newest=saved)
-    acc.wait_for_everyone()
+        # stay, removed once the new one is complete (never the one just written); nobody moves on
+        # (to load one) while the main process rotates.
+        if acc.is_main_process:
+            store.rotate(saved.parent, limit, keep_best=False, newest=saved)
+        acc.wait_for_everyone()
     return saved
 
 
