@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from app.config import ConfigError, RunConfig
+from app.config_tree import as_plain as plain  # config dataclasses as JSON-ready dicts (trackers, hashes)
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.hardware import build_backend
 from app.engine.loop import Components, total_optimizer_steps
@@ -131,16 +131,3 @@ def train_sampling(cfg: RunConfig, task: Task, data: TaskData) -> dict[str, Any]
 def build_early_stopping(cfg: RunConfig) -> EarlyStopping:
     es = cfg.early_stopping
     return EarlyStopping(es.monitor, es.mode.value, es.patience, es.min_delta)
-
-
-def plain(obj: Any) -> Any:
-    """A config dataclass as JSON-ready dicts (enums by value), for trackers and hashes."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, (list, tuple)):
-        return [plain(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: plain(v) for k, v in obj.items()}
-    return obj
