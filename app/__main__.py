@@ -20,7 +20,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from app.config import ConfigError, RunConfig, register_configs
+from app.config import ConfigError, RunConfig
+from app.configure import register_configs
 from app.run_folder import CLAIMS, claim_from_argv
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"

@@ -1,13 +1,21 @@
-"""Typed run configuration: one dataclass per Hydra config group.
+"""Typed run configuration: one dataclass per Hydra config group, each with its own rules.
 
 Every YAML under ``conf/`` names its schema first in ``defaults`` so a typo key, a wrong type or an
 unknown enum value is rejected by Hydra when the config is composed, before anything trains.
 ``OmegaConf.to_object`` turns the composed config into these dataclasses once, in ``app.__main__``;
 nothing below the entry point reads a ``DictConfig``.
 
-Rules that span several fields (``total_limit < 1``...) live in :func:`validate` and fail with one
-sentence as :class:`ConfigError`; the rules of a hardware kind (devices, processes, precisions) are
-its spec's, in ``app/distributed/hardware/``.
+Where the rules live (each fails with one sentence as :class:`ConfigError`, exit 2):
+
+- a group's own rules (``trainer.batch_size > 0``, ``total_limit >= 1``...): its ``check()``, beside
+  its fields in this file; a task's in its schema (``app/tasks/*_config.py``);
+- the rules of a hardware kind (devices, processes, precisions, what the kind cannot do): its spec's,
+  in ``app/distributed/hardware/``;
+- the two put together, and the schemas put into Hydra's ConfigStore with the task registry's:
+  ``app/configure.py``, which sits above this module, the tasks and the hardware registry.
+
+This module is the lowest level of the application: it imports nothing from ``app``, so the tasks'
+schemas and the hardware specs can import it (and answering a refused config needs no torch).
 """
 
 from __future__ import annotations
@@ -16,14 +24,20 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, runtime_checkable
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
 
 class ConfigError(ValueError):
     """A run configuration that cannot work; the message is one sentence for the user."""
+
+
+def require_positive(values: Mapping[str, float | None]) -> None:
+    """``<key> must be positive, got <value>.`` for the first value that is not (None: unset, allowed)."""
+    for key, value in values.items():
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key} must be positive, got {value}.")
 
 
 class HardwareKind(enum.Enum):
@@ -79,6 +93,12 @@ class HardwareConfig:
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
 
+    def check(self) -> None:
+        """The numbers themselves; whether the kind runs them here is its spec's rule."""
+        require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes})
+        if self.collective_timeout_s <= 0:
+            raise ConfigError("hardware.collective_timeout_s must be positive.")
+
 
 @dataclass
 class PrecisionConfig:
@@ -101,6 +121,19 @@ class OptimConfig:
     freeze: list[str] = field(default_factory=list)
     """Regular expressions over parameter names (``re.search``): the parameters that match one are not
     trained, e.g. ``[word_embeddings]``. Each must match some parameter; [] trains them all."""
+
+    def check(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be a positive number, got {self.lr}.")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay must be 0 or more, got {self.weight_decay}.")
+        if self.layer_decay is not None and not 0.0 < self.layer_decay <= 1.0:
+            raise ConfigError(f"optim.layer_decay must be in (0, 1] (or null), got {self.layer_decay}.")
+        for pattern in self.freeze:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ConfigError(f"optim.freeze has {pattern!r}, which is not a regular expression ({e}).") from None
 
 
 @dataclass
@@ -130,6 +163,10 @@ class SchedulerConfig:
     """Linear warm-up from 0 over this many optimizer steps (takes precedence over warmup_ratio)."""
     warmup_ratio: float = 0.0
     """Warm-up as a fraction of the total optimizer steps, used when warmup_steps is 0."""
+
+    def check(self) -> None:
+        if not 0.0 <= self.warmup_ratio < 1.0 or self.warmup_steps < 0:
+            raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
 
 
 @dataclass
@@ -170,6 +207,28 @@ class TrainerConfig:
     """Profile this many optimizer steps (after one skipped and one warm-up) with torch.profiler; the
     Chrome trace goes to <run folder>/profile/ (debug=profile); 0: off."""
 
+    def check(self) -> None:
+        require_positive({
+            "trainer.batch_size": self.batch_size,
+            "trainer.gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "trainer.log_every_n_steps": self.log_every_n_steps,
+            "trainer.eval_batch_size": self.eval_batch_size,
+            "trainer.eval_every_n_steps": self.eval_every_n_steps,
+            "trainer.limit_eval_batches": self.limit_eval_batches,
+            "trainer.max_grad_norm": self.max_grad_norm,
+        })
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(f"trainer.max_steps={self.max_steps} trains nothing; give a positive number of "
+                              "optimizer steps, or -1 to let trainer.max_epochs decide.")
+        if self.max_epochs <= 0 and self.max_steps <= 0:
+            raise ConfigError("Set trainer.max_epochs or trainer.max_steps to a positive number.")
+        if self.overfit_batches < 0 or self.profile_steps < 0:
+            raise ConfigError("trainer.overfit_batches and trainer.profile_steps must be 0 or more.")
+        if self.num_workers < 0:
+            raise ConfigError(f"trainer.num_workers must be 0 or more, got {self.num_workers}.")
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"trainer.ema_decay must be in (0, 1) (or null), got {self.ema_decay}.")
+
 
 @dataclass
 class CheckpointConfig:
@@ -201,6 +260,12 @@ class CheckpointConfig:
         keeps_best = self.keep_best or self.total_limit is None
         return ExportChoice.best if self.enabled and keeps_best else ExportChoice.last
 
+    def check(self) -> None:
+        require_positive({"checkpoint.every_n_steps": self.every_n_steps, "checkpoint.total_limit": self.total_limit})
+        if self.export is ExportChoice.best and not (self.enabled and (self.keep_best or self.total_limit is None)):
+            raise ConfigError("checkpoint.export=best needs the best checkpoint kept: set checkpoint.every_epoch=true "
+                              "or checkpoint.every_n_steps, with checkpoint.keep_best=true (or export=last).")
+
 
 @dataclass
 class EarlyStoppingConfig:
@@ -214,6 +279,11 @@ class EarlyStoppingConfig:
     """Smallest change that counts as an improvement."""
     stop_on_nan: bool = True
     """Stop at once if the training loss is NaN or infinite."""
+
+    def check(self) -> None:
+        require_positive({"early_stopping.patience": self.patience})
+        if self.min_delta < 0:
+            raise ConfigError(f"early_stopping.min_delta must be 0 or more, got {self.min_delta}.")
 
 
 @dataclass
@@ -235,13 +305,25 @@ class TaskConfig:
 
     name: str = MISSING
 
+    def check(self) -> None:
+        """A task's own rules (``task.dropout`` in [0, 1)...), beside its fields in its schema; the task
+        also checks the config it is built with, so a config given directly is refused alike."""
+
+
+@runtime_checkable
+class PredictsTestConfig(Protocol):
+    """A task schema with ``predict_test``: the task can write predictions on its unlabeled test split
+    (its task object is then a :class:`app.tasks.base.PredictsTest`)."""
+
+    predict_test: bool
+
 
 @dataclass
 class RunConfig:
-    task: Any = MISSING
+    task: TaskConfig = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    optim: Any = MISSING
+    optim: OptimConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -259,122 +341,21 @@ class RunConfig:
     """train, or eval: evaluate the weights named by ``resume`` on the evaluation set, without training
     and without touching the run's files (the metrics go to the new run folder's eval_metrics.json)."""
 
+    def check(self) -> None:
+        """Every group's own rules, then those between groups; the hardware kind's come after, from
+        its spec (``app.configure.validate``)."""
+        self.trainer.check()
+        self.hardware.check()
+        self.checkpoint.check()
+        self.early_stopping.check()
+        if self.mode is RunMode.eval and self.resume in (None, "auto"):
+            raise ConfigError("mode=eval needs the weights to evaluate: resume=<run folder, checkpoint or model "
+                              "folder>.")
+        self.optim.check()
+        self.scheduler.check()
+        self.task.check()
 
-def register_configs() -> None:
-    """Put the schemas in Hydra's ConfigStore; YAML options extend them by name."""
-    from app.tasks import TASK_SCHEMAS
-
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
-    cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
-    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
-    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
-    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
-    cs.store(group="early_stopping", name="early_stopping_schema", node=EarlyStoppingConfig)
-    cs.store(group="logging", name="logging_schema", node=LoggingConfig)
-    for name, schema in TASK_SCHEMAS.items():
-        cs.store(group="task", name=f"{name}_schema", node=schema)
-    register_grid_sweeper(cs)
-    OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
-
-
-def parallel_jobs(processes_per_job: int) -> int:
-    """How many jobs of ``processes_per_job`` processes this machine's cores run at once (>= 1)."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(processes_per_job)))
-
-
-def register_grid_sweeper(cs: ConfigStore) -> None:
-    """``hydra/sweeper=basic`` (Hydra's default) becomes Hydra's grid sweeper that, with resume=auto,
-    reads a sweep's finished jobs back instead of running them again (hydra_plugins/app_sweepers).
-
-    Stored under Hydra's own name: an ``override hydra/sweeper`` in conf/config.yaml would also win
-    over the one in hparams_search/*.yaml (Hydra keeps a group's first override). After Hydra's plugin
-    scan, which stores Hydra's own ``basic`` again each time it runs (once per process).
-    """
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
-    from hydra.core.plugins import Plugins
-
-    Plugins.instance()
-
-    @dataclass
-    class ResumableBasicSweeperConf(BasicSweeperConf):
-        _target_: str = "hydra_plugins.app_sweepers.resumable.ResumableBasicSweeper"
-
-    cs.store(group="hydra/sweeper", name="basic", node=ResumableBasicSweeperConf, provider="app")
-
-
-def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
-             launched: tuple[int, int] | None = None) -> None:
-    """Cross-field rules; raises ConfigError with one sentence. Runs before any process group exists.
-
-    The hardware kind's spec checks the devices, processes and precision: against ``visible``
-    (devices by torch device type; by default the spec counts what this machine shows) and
-    ``launched``, (WORLD_SIZE, LOCAL_WORLD_SIZE) when torchrun already started the processes (the
-    config must then describe the same layout).
-    """
-    t, hw, ckpt = cfg.trainer, cfg.hardware, cfg.checkpoint
-    positive = {
-        "trainer.batch_size": t.batch_size,
-        "trainer.gradient_accumulation_steps": t.gradient_accumulation_steps,
-        "trainer.log_every_n_steps": t.log_every_n_steps,
-        "hardware.num_processes": hw.num_processes,
-        "hardware.num_nodes": hw.num_nodes,
-    }
-    optional_positive = {
-        "trainer.eval_batch_size": t.eval_batch_size,
-        "trainer.eval_every_n_steps": t.eval_every_n_steps,
-        "trainer.limit_eval_batches": t.limit_eval_batches,
-        "trainer.max_grad_norm": t.max_grad_norm,
-        "checkpoint.every_n_steps": ckpt.every_n_steps,
-        "checkpoint.total_limit": ckpt.total_limit,
-        "early_stopping.patience": cfg.early_stopping.patience,
-    }
-    for key, value in {**positive, **{k: v for k, v in optional_positive.items() if v is not None}}.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be positive, got {value}.")
-    if t.max_steps == 0 or t.max_steps < -1:
-        raise ConfigError(f"trainer.max_steps={t.max_steps} trains nothing; give a positive number of optimizer "
-                          "steps, or -1 to let trainer.max_epochs decide.")
-    if t.max_epochs <= 0 and t.max_steps <= 0:
-        raise ConfigError("Set trainer.max_epochs or trainer.max_steps to a positive number.")
-    if cfg.mode is RunMode.eval and cfg.resume in (None, "auto"):
-        raise ConfigError("mode=eval needs the weights to evaluate: resume=<run folder, checkpoint or model folder>.")
-    if t.overfit_batches < 0 or t.profile_steps < 0:
-        raise ConfigError("trainer.overfit_batches and trainer.profile_steps must be 0 or more.")
-    if t.num_workers < 0:
-        raise ConfigError(f"trainer.num_workers must be 0 or more, got {t.num_workers}.")
-    lr = getattr(cfg.optim, "lr", None)
-    if lr is None or lr <= 0:
-        raise ConfigError(f"optim.lr must be a positive number, got {lr}.")
-    if getattr(cfg.optim, "weight_decay", 0.0) < 0:
-        raise ConfigError(f"optim.weight_decay must be 0 or more, got {cfg.optim.weight_decay}.")
-    layer_decay = getattr(cfg.optim, "layer_decay", None)
-    if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
-        raise ConfigError(f"optim.layer_decay must be in (0, 1] (or null), got {layer_decay}.")
-    for pattern in getattr(cfg.optim, "freeze", None) or []:
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ConfigError(f"optim.freeze has {pattern!r}, which is not a regular expression ({e}).") from None
-    if t.ema_decay is not None and not 0.0 < t.ema_decay < 1.0:
-        raise ConfigError(f"trainer.ema_decay must be in (0, 1) (or null), got {t.ema_decay}.")
-    if not 0.0 <= cfg.scheduler.warmup_ratio < 1.0 or cfg.scheduler.warmup_steps < 0:
-        raise ConfigError("scheduler.warmup_ratio must be in [0, 1) and scheduler.warmup_steps 0 or more.")
-    if cfg.early_stopping.min_delta < 0:
-        raise ConfigError(f"early_stopping.min_delta must be 0 or more, got {cfg.early_stopping.min_delta}.")
-    if ckpt.export is ExportChoice.best and not (ckpt.enabled and (ckpt.keep_best or ckpt.total_limit is None)):
-        raise ConfigError("checkpoint.export=best needs the best checkpoint kept: set checkpoint.every_epoch=true or "
-                          "checkpoint.every_n_steps, with checkpoint.keep_best=true (or export=last).")
-    if hw.collective_timeout_s <= 0:
-        raise ConfigError("hardware.collective_timeout_s must be positive.")
-
-    from app.distributed.hardware import hardware_spec
-
-    spec = hardware_spec(hw.kind)
-    spec.validate(cfg, spec.probe() if visible is None else visible, launched)
+    @property
+    def predicts_test(self) -> bool:
+        """Whether the run ends with predictions on the task's test split (``task.predict_test=true``)."""
+        return isinstance(self.task, PredictsTestConfig) and self.task.predict_test

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import RunConfig, validate
+from app.config import RunConfig
+from app.configure import validate
 from app.interrupts import RunInterrupted, StopSignals
 from app.worker_errors import WorkerFailed, call_blaming_the_cause, worker_failure
 from app.worker_watchdog import Watchdog, record_pid

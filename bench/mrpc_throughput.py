@@ -180,7 +180,7 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from app.config import register_configs
+    from app.configure import register_configs
     from app.engine.build import build_accelerator, build_components
     from app.engine.loop import evaluate
 

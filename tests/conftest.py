@@ -11,7 +11,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from app.config import RunConfig, register_configs
+from app.config import RunConfig
+from app.configure import register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"

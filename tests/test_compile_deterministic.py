@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.config import ConfigError, validate
+from app.config import ConfigError
+from app.configure import validate
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.hardware import hardware_spec
 from app.engine.run import run

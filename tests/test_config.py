@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import itertools
+import subprocess
+import sys
 
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker, validate
+from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker
+from app.configure import validate
 from app.tasks import DigitsConfig, GlueMrpcConfig
-from tests.conftest import CONF_DIR, compose_config, compose_many, run_app
+from tests.conftest import CONF_DIR, REPO, compose_config, compose_many, run_app
 
 OPTIONS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
            for group in ("task", "hardware", "precision", "optim", "scheduler")}
@@ -123,3 +127,45 @@ def test_bad_input_exits_nonzero_and_writes_only_the_log(tmp_path, args, fragmen
     written = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")} if run_dir.exists() else set()
     # Hydra's own record of the composed config and the log are the only things allowed.
     assert written <= {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "app.log"}
+
+
+def test_config_module_is_the_lowest_level():
+    """app/config.py imports nothing from app (function-local imports included): the tasks' schemas and
+    the hardware specs import it, and app/configure.py puts the registries and the rules together."""
+    tree = ast.parse((REPO / "app" / "config.py").read_text(encoding="utf-8"))
+    imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert imported and not [name for name in imported if name == "app" or name.startswith("app.")]
+
+
+def test_group_rules_refuse_before_torch_is_imported():
+    """Each group's check(), the task schema's included, answers through validate without torch."""
+    code = (
+        "import sys\n"
+        "from app.config import AdamWConfig, ConfigError, RunConfig, TrainerConfig\n"
+        "from app.configure import validate\n"
+        "from app.tasks import DigitsConfig\n"
+        "for cfg in (RunConfig(task=DigitsConfig(), optim=AdamWConfig(), trainer=TrainerConfig(batch_size=0)),\n"
+        "            RunConfig(task=DigitsConfig(dropout=2.0), optim=AdamWConfig())):\n"
+        "    try:\n"
+        "        validate(cfg, visible={})\n"
+        "    except ConfigError as e:\n"
+        "        print(e)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          check=True)
+    assert proc.stdout.splitlines() == ["trainer.batch_size must be positive, got 0.",
+                                        "task.dropout must be in [0, 1), got 2.0.", "False"]
+
+
+def test_test_predictions_are_an_explicit_ability():
+    from app.tasks.base import PredictsTest
+    from app.tasks.digits import DigitsTask
+    from app.tasks.glue_mrpc import GlueMrpcTask
+
+    glue = compose_config("task=glue_mrpc", "task.predict_test=true")
+    assert glue.predicts_test and isinstance(GlueMrpcTask(glue.task), PredictsTest)
+    assert not compose_config("task=glue_mrpc").predicts_test
+    digits = compose_config()
+    assert not digits.predicts_test and not isinstance(DigitsTask(digits.task), PredictsTest)

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from app.config import ConfigError, validate
+from app.config import ConfigError
+from app.configure import validate
 from app.launch import free_port
 from app.torchrun import LaunchError, argv_for_rank
 from tests.conftest import CONF_DIR, compose_config

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.config import ConfigError, HardwareConfig, HardwareKind, RunConfig, validate
+from app.config import ConfigError, HardwareConfig, HardwareKind, RunConfig
+from app.configure import validate
 from app.distributed import Backend
 from app.distributed.hardware import SPECS, DeviceOps, HardwareSpec, device_ops, hardware_spec, registry
 from app.launch import launch

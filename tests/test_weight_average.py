@@ -101,7 +101,8 @@ def test_training_evaluates_and_exports_the_average(tmp_path):
     (["hardware=fsdp", "hardware.num_processes=2", "trainer.ema_decay=0.9"], "does not work with hardware=fsdp"),
 ])
 def test_bad_decay_is_one_sentence(overrides, fragment):
-    from app.config import ConfigError, validate
+    from app.config import ConfigError
+    from app.configure import validate
 
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         validate(compose_config(*overrides), visible={"cuda": 0})

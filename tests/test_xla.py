@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.config import ConfigError, validate
+from app.config import ConfigError
+from app.configure import validate
 from app.distributed.checkpoint_store import FAULT_ENV, complete_checkpoints
 from app.distributed.hardware.xla import tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints

@@ -46,7 +46,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     data = debug_subsets(cfg, task.build_data(accelerator))
     check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
-    frozen = freeze_parameters(model, list(getattr(cfg.optim, "freeze", None) or []))
+    frozen = freeze_parameters(model, list(cfg.optim.freeze))
     if frozen:
         log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
@@ -72,7 +72,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
 
 def check_monitor(cfg: RunConfig, task: Task) -> None:
     """``early_stopping.monitor`` must be a metric the task reports (before any data is loaded)."""
-    names = [f"eval/{m}" for m in (*getattr(task, "metric_names", ()), "num_samples")]
+    names = [f"eval/{m}" for m in (*task.metric_names, "num_samples")]
     if names[:-1] and cfg.early_stopping.monitor not in names:
         raise ConfigError(f"early_stopping.monitor={cfg.early_stopping.monitor} is not a metric the task "
                           f"{task.name} reports; choose one of {', '.join(names[:-1])}.")
@@ -89,11 +89,11 @@ def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:
     options = plain(cfg.optim)
-    layer_decay = options.pop("layer_decay", None)  # ours, not the optimizer's
-    options.pop("freeze", None)  # applied to the model already: its parameters no longer require grad
+    del options["layer_decay"]  # ours, not the optimizer's
+    del options["freeze"]  # applied to the model already: its parameters no longer require grad
     if "fused" in options and options["fused"] is None:
         options["fused"] = fused_available or None  # None: torch's own default (foreach or a loop)
-    groups = parameter_groups(model, options.get("weight_decay", 0.0), lr=options["lr"], layer_decay=layer_decay)
+    groups = parameter_groups(model, cfg.optim.weight_decay, lr=cfg.optim.lr, layer_decay=cfg.optim.layer_decay)
     # Partial, then called: instantiate would turn the parameter-group dicts into DictConfigs. "all":
     # plain lists (betas), which the checkpoint format stores (torch < 2.10 keeps them as given).
     return instantiate(options, _partial_=True, _convert_="all")(params=groups)

@@ -1,8 +1,9 @@
 """Predictions on a task's unlabeled test split, after training (``task.predict_test=true``).
 
-A task that offers it implements ``test_dataset()``, ``predict(model, batch)`` (logits) and
-``write_predictions(predictions, path)``; every process predicts its share of the split, the
-predictions are gathered in file order (padding duplicates dropped), and the main process writes.
+A task that offers it is a :class:`app.tasks.base.PredictsTest`: ``test_dataset()``,
+``predict(model, batch)`` (logits) and ``write_predictions(predictions, path)``; every process
+predicts its share of the split, the predictions are gathered in file order (padding duplicates
+dropped), and the main process writes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
+from app.config import ConfigError
 from app.engine.loop import Components
+from app.tasks.base import PredictsTest
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,10 @@ PREDICTIONS_FILE = "test_predictions.tsv"
 @torch.no_grad()
 def write_test_predictions(c: Components, path: Path) -> None:
     acc, task = c.accelerator, c.task
-    dataset = task.test_dataset()  # type: ignore[attr-defined]
+    if not isinstance(task, PredictsTest):
+        raise ConfigError(f"task.predict_test=true needs a task that predicts its test split, and {task.name} "
+                          "does not.")
+    dataset = task.test_dataset()
     loader = DataLoader(dataset, batch_size=c.eval_loader.batch_size, shuffle=False,
                         collate_fn=c.eval_loader.base_dataloader.collate_fn)
     loader = acc.prepare(loader)
@@ -31,10 +37,10 @@ def write_test_predictions(c: Components, path: Path) -> None:
     c.model.eval()
     with c.evaluation_weights():
         for batch in loader:
-            logits = task.predict(c.model, batch)  # type: ignore[attr-defined]
+            logits = task.predict(c.model, batch)
             predictions.append(acc.gather_for_metrics(logits.argmax(dim=-1)).cpu())
     c.model.train()
     if acc.is_main_process:
-        task.write_predictions(torch.cat(predictions).tolist(), path)  # type: ignore[attr-defined]
+        task.write_predictions(torch.cat(predictions).tolist(), path)
         log.info("wrote %d test predictions to %s", len(dataset), path)
     acc.wait_for_everyone()

@@ -106,9 +106,9 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
             # Nothing non-finite is exported; app.__main__ turns this result into exit status 1.
             record(NAN, error=diverged(state, run_dir))
             return objective(stopper.best, NAN)
-        if cfg.checkpoint.save_final_model or getattr(cfg.task, "predict_test", False):
+        if cfg.checkpoint.save_final_model or cfg.predicts_test:
             metadata = checkpoints.weights_for_export(cfg.checkpoint.resolved_export())
-        if getattr(cfg.task, "predict_test", False):
+        if cfg.predicts_test:
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
             export_model(components, run_dir / "model", metadata)

@@ -3,14 +3,18 @@
 A task builds its datasets (with a collate function), builds its model, runs one forward pass on a
 batch, and turns gathered logits and labels into metrics. The engine owns everything else (devices,
 processes, precision, the loop), so a new task is one small module.
+
+Optional abilities are their own protocols, which the engine checks for where it uses them:
+:class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths for
+``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -59,4 +63,22 @@ class Task(Protocol):
 
     def save_artifacts(self, model: nn.Module, folder: Path) -> None:
         """Write whatever besides weights makes the exported model usable (tokenizer, config...)."""
+        ...
+
+
+@runtime_checkable
+class PredictsTest(Protocol):
+    """A task that predicts its unlabeled test split (``task.predict_test=true``; its schema then has
+    the field: :class:`app.config.PredictsTestConfig`). Used by ``app/engine/predict.py``."""
+
+    def test_dataset(self) -> Any:
+        """The test split, in file order, as the evaluation loader's collate function takes it."""
+        ...
+
+    def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        """Logits for a batch already on the right device."""
+        ...
+
+    def write_predictions(self, preds: Iterable[int], path: str | Path) -> None:
+        """Write one predicted class per test row, in file order (the main process only calls it)."""
         ...

@@ -43,14 +43,7 @@ class DigitsTask:
     num_features = 64
 
     def __init__(self, cfg: DigitsConfig):
-        from app.config import ConfigError
-
-        if not 0.0 < cfg.eval_fraction < 1.0:
-            raise ConfigError(f"task.eval_fraction must be in (0, 1), got {cfg.eval_fraction}.")
-        if not 0.0 <= cfg.dropout < 1.0:
-            raise ConfigError(f"task.dropout must be in [0, 1), got {cfg.dropout}.")
-        if any(size <= 0 for size in cfg.hidden_sizes):
-            raise ConfigError(f"task.hidden_sizes must all be positive, got {list(cfg.hidden_sizes)}.")
+        cfg.check()  # also when built from a config that did not pass through app.configure.validate
         self.cfg = cfg
 
     def build_data(self, runtime: Any) -> TaskData:

@@ -79,10 +79,7 @@ class GlueMrpcTask:
     num_labels = 2
 
     def __init__(self, cfg: GlueMrpcConfig):
-        if cfg.max_length < 8:
-            raise ConfigError(f"task.max_length must be at least 8, got {cfg.max_length}.")
-        if not 0.0 <= cfg.label_smoothing < 1.0:
-            raise ConfigError(f"task.label_smoothing must be in [0, 1), got {cfg.label_smoothing}.")
+        cfg.check()  # also when built from a config that did not pass through app.configure.validate
         self.cfg = cfg
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._runtime: Any = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from app.config import TaskConfig
+from app.config import ConfigError, TaskConfig
 
 
 class Pooling(str, Enum):
@@ -45,3 +45,9 @@ class GlueMrpcConfig(TaskConfig):
     """Write test-split predictions to <run folder>/test_predictions.tsv at the end."""
     cache_dir: str | None = None
     """Where tokenized splits are cached; null uses <HF_DATASETS_CACHE>/app_glue_mrpc."""
+
+    def check(self) -> None:
+        if self.max_length < 8:
+            raise ConfigError(f"task.max_length must be at least 8, got {self.max_length}.")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"task.label_smoothing must be in [0, 1), got {self.label_smoothing}.")

@@ -1,0 +1,93 @@
+"""The run configuration put together from its registries: the schemas of ``app.config`` with the
+tasks' (``app.tasks``) in Hydra's ConfigStore, and the rules of ``app.config``'s groups with those
+of the hardware kind (``app.distributed.hardware``).
+
+It sits above the three, so that ``app.config`` imports none of them. Torch-free until a config has
+passed its own rules: a refused config answers before torch is imported (``bench/startup.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from app.config import (
+    AdamWConfig,
+    CheckpointConfig,
+    EarlyStoppingConfig,
+    HardwareConfig,
+    LoggingConfig,
+    PrecisionConfig,
+    RunConfig,
+    SchedulerConfig,
+    SGDConfig,
+    TrainerConfig,
+)
+from app.tasks import TASK_SCHEMAS
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore; YAML options extend them by name."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
+    cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
+    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
+    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
+    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
+    cs.store(group="early_stopping", name="early_stopping_schema", node=EarlyStoppingConfig)
+    cs.store(group="logging", name="logging_schema", node=LoggingConfig)
+    for name, schema in TASK_SCHEMAS.items():
+        cs.store(group="task", name=f"{name}_schema", node=schema)
+    register_grid_sweeper(cs)
+    OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
+
+
+def parallel_jobs(processes_per_job: int) -> int:
+    """How many jobs of ``processes_per_job`` processes this machine's cores run at once (>= 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, int(processes_per_job)))
+
+
+def register_grid_sweeper(cs: ConfigStore) -> None:
+    """``hydra/sweeper=basic`` (Hydra's default) becomes Hydra's grid sweeper that, with resume=auto,
+    reads a sweep's finished jobs back instead of running them again (hydra_plugins/app_sweepers).
+
+    Stored under Hydra's own name: an ``override hydra/sweeper`` in conf/config.yaml would also win
+    over the one in hparams_search/*.yaml (Hydra keeps a group's first override). After Hydra's plugin
+    scan, which stores Hydra's own ``basic`` again each time it runs (once per process).
+    """
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeperConf
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()
+
+    @dataclass
+    class ResumableBasicSweeperConf(BasicSweeperConf):
+        _target_: str = "hydra_plugins.app_sweepers.resumable.ResumableBasicSweeper"
+
+    cs.store(group="hydra/sweeper", name="basic", node=ResumableBasicSweeperConf, provider="app")
+
+
+def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
+             launched: tuple[int, int] | None = None) -> None:
+    """Every rule of the run config; raises ConfigError with one sentence. Runs before any process
+    group exists.
+
+    First each group's own rules (``cfg.check()``: no torch needed), then the hardware kind's spec
+    checks the devices, processes and precision: against ``visible`` (devices by torch device type; by
+    default the spec counts what this machine shows) and ``launched``, (WORLD_SIZE, LOCAL_WORLD_SIZE)
+    when torchrun already started the processes (the config must then describe the same layout).
+    """
+    cfg.check()
+    # Imported here: the hardware registry imports torch, which a config refused above must not wait for.
+    from app.distributed.hardware import hardware_spec
+
+    spec = hardware_spec(cfg.hardware.kind)
+    spec.validate(cfg, spec.probe() if visible is None else visible, launched)
