@@ -57,8 +57,8 @@ def main(dict_cfg: DictConfig) -> float | None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
     from app.engine.result import NAN, read_result
     from app.interrupts import RunInterrupted
-    from app.launch import launch
-    from app.worker_errors import WorkerFailed
+    from app.launching.launch import launch
+    from app.launching.worker_errors import WorkerFailed
 
     try:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -124,9 +124,9 @@ if __name__ == "__main__":
 
         print(app_help(CONF_DIR), end="")
         sys.exit(0)
-    from app.engine.checkpoint_resume import argv_for_resume
-    from app.launch import adopt_slurm_layout
-    from app.torchrun import LaunchError, argv_for_rank
+    from app.launching.launch import adopt_slurm_layout
+    from app.launching.resume_argv import argv_for_resume
+    from app.launching.torchrun import LaunchError, argv_for_rank
 
     try:
         # resume=<path> continues in the original run folder: decided before Hydra creates a new one.

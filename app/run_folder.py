@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import ConfigError
+from app.launching.overrides import override_key
 
 LOCK_FILE = ".lock"
 HYDRA_SUBDIR = ".hydra"
@@ -168,12 +169,8 @@ def claim_new_run(folder: Path, resume: str | None, overwrite: bool) -> Path | N
 # -- the raw command line ----------------------------------------------------------------------------
 
 
-def _key(arg: str) -> str:
-    return arg.split("=", 1)[0].lstrip("+~")
-
-
 def _value(argv: list[str], key: str) -> str | None:
-    values = [arg.split("=", 1)[1] for arg in argv if _key(arg) == key and "=" in arg]
+    values = [arg.split("=", 1)[1] for arg in argv if override_key(arg) == key and "=" in arg]
     if not values:
         return None
     value = values[-1].strip()

@@ -297,7 +297,7 @@ def main() -> None:
     parser.add_argument("--big-steps", type=int, default=5)
     args = parser.parse_args()
 
-    from app.launch import run_on_processes
+    from app.launching.processes import run_on_processes
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     print(f"{cores} cores, torch {torch.__version__}, 2 processes on gloo")

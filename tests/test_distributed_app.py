@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from app.launch import free_port, launch
-from app.worker_errors import WorkerFailed
+from app.launching.launch import launch
+from app.launching.processes import free_port
+from app.launching.worker_errors import WorkerFailed
 from tests.conftest import compose_many, run_app
 from tests.distributed_helpers import ddp_backend, on_processes
 

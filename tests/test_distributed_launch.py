@@ -11,8 +11,8 @@ import torch.distributed as dist
 
 from app.config import ConfigError
 from app.configure import validate
-from app.launch import free_port
-from app.torchrun import LaunchError, argv_for_rank
+from app.launching.processes import free_port
+from app.launching.torchrun import LaunchError, argv_for_rank
 from tests.conftest import CONF_DIR, compose_config
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.distributed import Accelerator, notebook_launcher
-from app.launch import free_port
+from app.launching.processes import free_port
 from tests.conftest import REPO
 
 # The user's script: the model is built once in the parent and reaches both processes through

@@ -21,8 +21,8 @@ from app.distributed.checkpoint_store import (
     complete_checkpoints,
     next_save_number,
 )
-from app.engine.checkpoint_resume import argv_for_resume
 from app.engine.run import run as run_in_process
+from app.launching.resume_argv import argv_for_resume
 from tests.conftest import compose_config, run_app
 
 # 2 epochs of 45 steps; step checkpoints every 7 steps fall mid-epoch, log lines every 5 steps span

@@ -225,7 +225,7 @@ def test_submitit_runs_two_process_jobs_each_in_one_folder_with_a_report(tmp_pat
 
 
 def test_slurm_task_layout_and_first_host() -> None:
-    from app.slurm import first_host, requeued, slurm_layout
+    from app.launching.slurm import first_host, requeued, slurm_layout
 
     assert first_host("gpu[07-09,12],cpu3") == "gpu07" and first_host("n1,n2") == "n1" and first_host("solo") == "solo"
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
@@ -246,7 +246,7 @@ def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) 
     # What srun -n 2 starts: two processes that only differ in SLURM_PROCID / SLURM_LOCALID.
     import os
 
-    from app.launch import free_port
+    from app.launching.processes import free_port
 
     run = tmp_path / "run"
     base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost",

@@ -16,7 +16,6 @@ from one process.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,7 +49,7 @@ def notebook_launcher(
     ``Accelerator()`` created inside ``function`` picks up the process group (DDP on gloo on CPUs);
     ``mixed_precision`` becomes its default. With ``num_processes`` None or 1, or on a kind that runs
     one process per host, ``function`` runs here. A failing process stops the others and raises
-    :class:`~app.worker_errors.WorkerFailed` naming its rank and error.
+    :class:`~app.launching.worker_errors.WorkerFailed` naming its rank and error.
 
     Returns what ``function`` returned on each process of this machine, in local rank order (Accelerate
     returns nothing).
@@ -66,36 +65,23 @@ def notebook_launcher(
         if workers == 0:
             return [function(*args)]
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        from app.worker_errors import worker_failure
+        from app.launching.processes import start_processes
+        from app.launching.worker_errors import WorkerFailed
 
         conf = dict(rdzv_conf or {})
         if rdzv_backend == "static":
             conf["rank"] = node_rank
             rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
-        config = LaunchConfig(
-            min_nodes=num_nodes,
-            max_nodes=num_nodes,
-            nproc_per_node=workers,
-            run_id=rdzv_id,
-            rdzv_endpoint=rdzv_endpoint,
-            rdzv_backend=rdzv_backend,
-            rdzv_configs=conf,
-            max_restarts=max_restarts,
-            monitor_interval=monitor_interval,
-            # Fork, as Accelerate does in notebooks: the function and its arguments are not pickled.
-            start_method="fork",
-        )
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
         try:
-            results = elastic_launch(config, function)(*args)
-        except ChildFailedError as err:
-            failed = worker_failure(err)
+            # Fork, as Accelerate does in notebooks: the function and its arguments are not pickled.
+            return start_processes(function, args, workers, start_method="fork", num_nodes=num_nodes,
+                                   rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_configs=conf,
+                                   run_id=rdzv_id, max_restarts=max_restarts, monitor_interval=monitor_interval)
+        except WorkerFailed as failed:
             # Also a ChildFailedError, which Accelerate's notebook_launcher raises and scripts catch.
             raise type("NotebookWorkerFailed", (type(failed), ChildFailedError), {})(
                 str(failed), failed.traceback) from None
-        return [results[rank] for rank in sorted(results)]
 
 
 def _local_workers(num_processes: int, num_nodes: int) -> int:

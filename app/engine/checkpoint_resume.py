@@ -1,79 +1,9 @@
-"""``python -m app resume=<path>``: continue the original run folder, before Hydra creates a new one.
-
-Run by ``app.__main__`` on the raw command line. When it names a checkpoint, a ``checkpoints/``
-folder or a run folder, the arguments become: the original run's overrides (from its
-``.hydra/overrides.yaml``, minus any key given again now), then the new ones (which win), then
-``hydra.run.dir=<original run folder>``. The resumed run so logs into the same folder, continues the
-checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it.
-
-With ``mode=eval`` the path may also be an exported ``model/`` folder, and no ``hydra.run.dir`` is
-added: the evaluation gets a new run folder.
-
-Left alone: no ``resume=``, ``resume=auto`` (the run folder is whatever ``hydra.run.dir`` says;
-pass the same ``hydra.run.dir`` as the interrupted run), an explicit ``hydra.run.dir`` (resume the
-weights into another folder), and multirun sweeps. A path without a checkpoint fails here, with one
-sentence, before any folder is created; the files are hashed later, by the run itself.
-"""
+"""What a ``resume=`` path may name besides a checkpoint. (The command line a resume becomes is built
+before Hydra starts, in ``app/launching/resume_argv.py``.)"""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-
-_PLAIN = re.compile(r"[\w./:@+\-]+")
-
-
-def _key(arg: str) -> str:
-    return arg.split("=", 1)[0].lstrip("+~")
-
-
-def _unquote(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1].replace("\\" + value[0], value[0]).replace("\\\\", "\\")
-    return value
-
-
-def _quote(value: str) -> str:
-    """A Hydra override value that keeps any character of a path."""
-    if _PLAIN.fullmatch(value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def original_overrides(run_folder: Path) -> list[str]:
-    """The task overrides Hydra recorded for the run (empty when it recorded none)."""
-    import yaml  # type: ignore[import-untyped]
-
-    path = run_folder / ".hydra" / "overrides.yaml"
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return []
-    return [str(item) for item in loaded] if isinstance(loaded, list) else []
-
-
-def argv_for_resume(argv: list[str]) -> list[str]:
-    """The Hydra arguments for a ``resume=<path>`` command line (``argv`` without the program)."""
-    overrides = [arg for arg in argv if not arg.startswith("-")]
-    given = {_key(arg) for arg in overrides}
-    resume = [arg.split("=", 1)[1] for arg in overrides if _key(arg) == "resume" and "=" in arg]
-    if not resume or "hydra.run.dir" in given or any(arg in ("-m", "--multirun") for arg in argv):
-        return argv
-    value = _unquote(resume[-1])
-    if value in ("auto", "null", "None", ""):
-        return argv
-    from app.distributed.checkpoint_store import find_checkpoint, run_folder_of
-
-    # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched).
-    evaluating = any(_key(arg) == "mode" and _unquote(arg.split("=", 1)[1]) == "eval" for arg in overrides if "=" in arg)
-    if evaluating and is_model_folder(Path(value)):
-        run_folder = Path(value).parent
-    else:
-        run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
-    earlier = [arg for arg in original_overrides(run_folder)
-               if _key(arg) not in given and _key(arg) not in ("resume", "overwrite", "mode")
-               and not _key(arg).startswith("hydra")]
-    return earlier + argv + ([] if evaluating else [f"hydra.run.dir={_quote(str(run_folder))}"])
 
 
 def is_model_folder(path: Path) -> bool:

@@ -21,6 +21,7 @@ from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from app.engine.result import FINISHED, NAN, read_result
+from app.launching.overrides import override_key
 
 log = logging.getLogger(__name__)
 
@@ -30,17 +31,13 @@ class SweepResumeError(RuntimeError):
     """The sweep folder holds other jobs than this command's; the message says what to do."""
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _comparable(overrides: Sequence[str]) -> list[str]:
-    return sorted(o for o in overrides if _key(o) != "resume")
+    return sorted(o for o in overrides if override_key(o) != "resume")
 
 
 def resumes(overrides: Sequence[str]) -> bool:
     """Whether the job's overrides say resume=auto (quoted or not)."""
-    values = [o.split("=", 1)[1].strip("'\"") for o in overrides if _key(o) == "resume" and "=" in o]
+    values = [o.split("=", 1)[1].strip("'\"") for o in overrides if override_key(o) == "resume" and "=" in o]
     return bool(values) and values[-1] == "auto"
 
 
@@ -63,7 +60,7 @@ class NumberedJobs:
     def check(self, number: int, overrides: Sequence[str]) -> Path:
         """The job's folder; raises SweepResumeError when another job made it (resuming it would
         continue that job's checkpoints with this job's settings)."""
-        from app.engine.checkpoint_resume import original_overrides
+        from app.launching.resume_argv import original_overrides
 
         folder = self.job_folder(number, overrides)
         recorded = original_overrides(folder)

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from app.launching.overrides import override_key, quote
+
 # Hydra settings that ranks other than 0 replace with "write nothing".
 _RANK0_ONLY = ("hydra.output_subdir", "hydra/job_logging", "hydra/hydra_logging")
 _STORE_TIMEOUT_S = 300.0
@@ -33,9 +35,9 @@ def argv_for_rank(argv: list[str], conf_dir: Path) -> list[str]:
             "(or multi_gpu/fsdp), which starts the workers of each job itself."
         )
     rank = int(os.environ["RANK"])
-    given = [arg.split("=", 1)[1] for arg in argv if _key(arg) == "hydra.run.dir"]
+    given = [arg.split("=", 1)[1] for arg in argv if override_key(arg) == "hydra.run.dir"]
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        run_dir = _quote(_agree(rank, lambda: _planned_run_dir(argv, conf_dir)))
+        run_dir = quote(_agree(rank, lambda: _planned_run_dir(argv, conf_dir)), always=True)
     elif given:
         run_dir = given[-1]
     else:
@@ -45,15 +47,11 @@ def argv_for_rank(argv: list[str], conf_dir: Path) -> list[str]:
             "outside torchrun's elastic agent, pass hydra.run.dir=<folder> (without ${now:...}) so every "
             "process uses the same run folder."
         )
-    argv = [arg for arg in argv if _key(arg) != "hydra.run.dir"] + [f"hydra.run.dir={run_dir}"]
+    argv = [arg for arg in argv if override_key(arg) != "hydra.run.dir"] + [f"hydra.run.dir={run_dir}"]
     if rank == 0:
         return argv
-    return [arg for arg in argv if _key(arg) not in _RANK0_ONLY] + [
+    return [arg for arg in argv if override_key(arg) not in _RANK0_ONLY] + [
         "hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
-
-
-def _key(arg: str) -> str:
-    return arg.split("=", 1)[0].lstrip("+~")
 
 
 def _agree(rank: int, propose: Callable[[], str]) -> str:
@@ -81,9 +79,4 @@ def _planned_run_dir(argv: list[str], conf_dir: Path) -> str:
             return str(OmegaConf.select(cfg, "hydra.run.dir"))
     except Exception:  # noqa: BLE001 - Hydra, run next on every rank, reports a bad override itself
         return datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")
-
-
-def _quote(value: str) -> str:
-    """A Hydra override value that keeps any character of a path."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

@@ -1,0 +1,16 @@
+"""Launching: how a command line becomes running processes and one run folder. Everything here runs
+in the process that started the job (or, under torchrun/SLURM, before a rank's Hydra starts); the code
+that runs inside a worker is ``app/engine/``.
+
+- ``resume_argv.py``: ``resume=<path>`` rewritten to the original run's overrides and run folder;
+- ``torchrun.py``: the ranks of a torchrun job agree on one run folder before Hydra creates any;
+- ``slurm.py``: a SLURM task's rank and master, exported as torchrun would; requeued jobs resume;
+- ``overrides.py``: reading and quoting ``key=value`` overrides on the raw command line;
+- ``launch.py``: validate, then run here or start the workers (``launch``), and each worker's logging;
+- ``processes.py``: the one way to start N local processes (torch's elastic launcher), for
+  ``python -m app``, the tests, the benchmarks and ``app.distributed.notebook_launcher``;
+- ``worker_errors.py``: which rank's error a failed multi-process run reports;
+- ``worker_watchdog.py``: survivors of a failed rank get a short grace, then SIGKILL; a hung rank is named.
+
+Nothing is imported here, so reading the command line stays as light as its module.
+"""

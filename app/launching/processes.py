@@ -1,0 +1,144 @@
+"""Start N local processes with torch's elastic launcher and get each one's result, or one
+:class:`~app.launching.worker_errors.WorkerFailed` naming the rank that failed.
+
+:func:`start_processes` is the one place that turns a layout into torch's ``LaunchConfig``; both
+``python -m app``'s workers (:func:`run_on_processes`, also used by the tests and the benchmarks) and
+``app.distributed.notebook_launcher`` go through it.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import socket
+import tempfile
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.launching.worker_errors import WorkerFailed, call_blaming_the_cause, worker_failure
+from app.launching.worker_watchdog import Watchdog, record_pid
+
+SHUTDOWN_GRACE_S = 5.0
+"""How long the other workers of a failed run get to exit by themselves before SIGKILL."""
+ALL_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+"""What torch's launcher handles by default: it stops the workers on any of them."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("localhost", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *, start_method: str,
+                    num_nodes: int = 1, rdzv_backend: str = "c10d", rdzv_endpoint: str | None = None,
+                    rdzv_configs: dict[str, Any] | None = None, run_id: str | None = None, max_restarts: int = 0,
+                    monitor_interval: float = 0.1, signals: str | None = None,
+                    shutdown_timeout: int | None = None, log_dir: str | None = None) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` processes of this machine (``num_nodes`` machines in all) and
+    return what each returned, in local rank order. When one raises or dies the launcher stops the
+    others and this raises :class:`WorkerFailed` for the root cause (``worker_failure``).
+
+    ``rdzv_endpoint`` None: a free local port; ``run_id`` None: a fresh one. ``signals``: the ones
+    torch's launcher handles by stopping the workers (None: its default). ``shutdown_timeout``: how
+    long the survivors of a failure get after SIGTERM (None: torch's default). ``log_dir``: where the
+    launcher keeps each rank's error file (None: a folder of its own)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    options: dict[str, Any] = {}
+    if signals is not None:
+        # Older torch reads the variable only; newer sets it from LaunchConfig.signals_to_handle.
+        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals
+        if "signals_to_handle" in LaunchConfig.__dataclass_fields__:
+            options["signals_to_handle"] = signals
+    if shutdown_timeout is not None:
+        options["shutdown_timeout"] = shutdown_timeout
+    if log_dir is not None:
+        options["logs_specs"] = DefaultLogsSpecs(log_dir=log_dir)
+    config = LaunchConfig(
+        **options,
+        min_nodes=num_nodes,
+        max_nodes=num_nodes,
+        nproc_per_node=nprocs,
+        run_id=run_id if run_id is not None else f"app-{uuid.uuid4().hex[:8]}",
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint if rdzv_endpoint is not None else f"localhost:{free_port()}",
+        rdzv_configs=dict(rdzv_configs or {}),
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        start_method=start_method,
+    )
+    # The launcher's own INFO lines (configs, rendezvous) are noise next to the run's log.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as err:
+        raise worker_failure(err) from None
+    return [results[rank] for rank in sorted(results)]
+
+
+def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
+                     collective_timeout_s: float | None = None, leave_stop_signals: bool = False) -> list[Any]:
+    """Run ``fn(*args)`` on ``nprocs`` local processes (the workers of ``python -m app``); returns
+    each rank's return value in rank order.
+
+    When a rank raises or dies the launcher stops the others (``max_restarts=0``) and this raises
+    :class:`WorkerFailed` naming the failing rank and its error; a rank that hung (the others'
+    collectives timed out) is killed :data:`SHUTDOWN_GRACE_S` after the first failure and named
+    instead (``app.launching.worker_watchdog``). Used by ``launch``, the tests and the benchmarks.
+
+    ``leave_stop_signals``: SIGINT and SIGTERM stay with the caller's handlers (torch's launcher would
+    kill the workers a few seconds after either; ``launch`` lets them finish a checkpoint instead).
+    """
+    # The launcher keeps each rank's error file there; nothing else of it outlives the run.
+    logs = tempfile.TemporaryDirectory(prefix="app-launch-")
+    pid_dir = Path(logs.name) / "pids"
+    pid_dir.mkdir()
+    watchdog = Watchdog(Path(logs.name), pid_dir, grace_s=SHUTDOWN_GRACE_S)
+    watchdog.start()
+    try:
+        return start_processes(
+            _entry, (fn, args, str(pid_dir)), nprocs, start_method=_start_method(),
+            signals="SIGHUP,SIGQUIT" if leave_stop_signals else ALL_SIGNALS, log_dir=logs.name,
+            # Survivors of a failed rank get this long to exit after SIGTERM, then SIGKILL (the agent's
+            # own stop; the watchdog bounds the one its process context does with 30 s).
+            shutdown_timeout=int(SHUTDOWN_GRACE_S))
+    except WorkerFailed as failure:
+        hung = watchdog.hung_ranks_message(collective_timeout_s)
+        if hung is not None and any(word in str(failure).lower() for word in ("timed out", "timeout")):
+            raise WorkerFailed(hung, failure.traceback) from None
+        raise
+    finally:
+        watchdog.stop()
+        logs.cleanup()
+
+
+def _start_method() -> str:
+    """Workers are forked from a fork server that has imported torch and the engine once (not
+    from this process, whose threads and OpenMP state a fork would copy), so a worker starts in a
+    fraction of a second instead of re-importing everything; also across the jobs of a sweep.
+
+    Workers see the environment of the moment the server started, plus the launcher's variables.
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(["app.engine.run"])
+    return "forkserver"
+
+
+def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = None) -> Any:
+    """What each launched process runs. The launcher wraps it in ``record``, which writes an
+    exception's traceback to the error file the parent reads (``worker_failure``)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        # As torchrun does: processes sharing a machine must not each use every core.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    record_pid(pid_dir, int(os.environ["RANK"]))
+    return call_blaming_the_cause(fn, *args)
