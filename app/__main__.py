@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -30,7 +30,7 @@ log = logging.getLogger("app")
 register_configs()
 
 
-def fail(message: str, exit_code: int = 2) -> None:
+def fail(message: str, exit_code: int = 2) -> NoReturn:
     """One sentence on stderr (and in the run's log), then a non-zero exit (2: bad input)."""
     if logging.getLogger().handlers:  # before Hydra set up logging, Python's fallback would print it twice
         log.error(message)
@@ -41,9 +41,10 @@ def fail(message: str, exit_code: int = 2) -> None:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(dict_cfg: DictConfig) -> float | None:
     try:
-        cfg: RunConfig = OmegaConf.to_object(dict_cfg)  # type: ignore[assignment]
+        cfg = OmegaConf.to_object(dict_cfg)
     except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
         fail(f"invalid configuration: {err}".splitlines()[0])
+    assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
     if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
         fail(f"unknown configuration key {unknown[0]} (added with +{unknown[0]}=...?); "
              "python -m app --cfg job lists the keys.")

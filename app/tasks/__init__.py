@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.config import TaskConfig
 from app.tasks.digits_config import DigitsConfig
 from app.tasks.glue_mrpc_config import GlueMrpcConfig
 
 if TYPE_CHECKING:
     from app.tasks.base import Task
 
-TASK_SCHEMAS = {"digits": DigitsConfig, "glue_mrpc": GlueMrpcConfig}
+TASK_SCHEMAS: dict[str, type[TaskConfig]] = {"digits": DigitsConfig, "glue_mrpc": GlueMrpcConfig}
 
 
-def build_task(cfg: object) -> Task:
+def build_task(cfg: TaskConfig) -> Task:
     if isinstance(cfg, DigitsConfig):
         from app.tasks.digits import DigitsTask
 
