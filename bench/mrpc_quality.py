@@ -74,9 +74,10 @@ def check_inputs(data_dir: Path, model: str) -> None:
 def validation_size(data_dir: Path) -> int | None:
     """Rows in the validation split, read the way the task reads them (None if that fails)."""
     try:
-        from app.tasks.glue_mrpc import load_local_splits
+        from app.tasks.glue.sources import load_local_splits
+        from app.tasks.glue_mrpc_config import MRPC
 
-        return load_local_splits(str(data_dir))["validation"].data.num_rows
+        return load_local_splits(str(data_dir), MRPC)["validation"].data.num_rows
     except Exception:  # noqa: BLE001 - only informative: never fail the benchmark over it
         return None
 

@@ -102,10 +102,11 @@ def test_a_diverged_run_exits_nonzero_and_exports_nothing_non_finite(tmp_path):
 
 
 def glue_refusal(path: Path) -> str:
-    from app.tasks.glue_mrpc import read_glue_tsv
+    from app.tasks.glue.tsv import read_glue_tsv
+    from app.tasks.glue_mrpc_config import MRPC
 
     with pytest.raises(ConfigError) as err:
-        read_glue_tsv(path)
+        read_glue_tsv(path, MRPC)
     message = str(err.value)
     assert message.endswith(".") and "\n" not in message and str(path) in message
     return message
@@ -139,7 +140,9 @@ def offline(monkeypatch):
 
 
 def test_a_tokenizer_that_cannot_encode_the_data_and_a_damaged_config_are_named(tmp_path, offline):
-    from app.tasks.glue_mrpc import GlueMrpcConfig, GlueMrpcTask, load_model
+    from app.tasks.glue.models import load_model
+    from app.tasks.glue_mrpc import GlueMrpcTask
+    from app.tasks.glue_mrpc_config import MRPC, GlueMrpcConfig
 
     data = make_tiny_glue_tsv(tmp_path / "data", n_train=48, n_val=16)
     model = make_tiny_bert(tmp_path / "bert", [s for _, s1, s2 in synthetic_pairs(100, seed=9) for s in (s1, s2)])
@@ -154,7 +157,7 @@ def test_a_tokenizer_that_cannot_encode_the_data_and_a_damaged_config_are_named(
 
     config = model / "config.json"
     config.write_text(config.read_text()[:40])
-    for load in (lambda: GlueMrpcTask(cfg).tokenizer, lambda: load_model(str(model), 2)):
+    for load in (lambda: GlueMrpcTask(cfg).tokenizer, lambda: load_model(str(model), MRPC.label_names)):
         with pytest.raises(ConfigError, match=rf"^{config} is not valid JSON \(.*\); the model folder's configuration "
                                               r"is damaged\.$"):
             load()

@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker
 from app.configure import validate
-from app.tasks import DigitsConfig, GlueMrpcConfig
+from app.tasks import TASK_SCHEMAS, DigitsConfig
 from tests.conftest import CONF_DIR, REPO, compose_config, compose_many, run_app
 
 OPTIONS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -39,7 +39,7 @@ def test_every_option_combination_composes():
     for combo, cfg in zip(combos, configs):
         task, hardware, precision, optim, scheduler = combo
         assert cfg.task.name == task
-        assert isinstance(cfg.task, DigitsConfig if task == "digits" else GlueMrpcConfig)
+        assert type(cfg.task) is TASK_SCHEMAS[task]
         assert cfg.hardware.kind.value == hardware
         assert cfg.precision.mode.value == precision
         assert cfg.optim._target_.lower().endswith(optim)

@@ -14,13 +14,12 @@ import torch
 
 from app.config import ConfigError
 from app.tasks import build_task
-from app.tasks.glue_mrpc import (
-    IGNORE_INDEX,
-    GlueMrpcTask,
-    load_local_splits,
-    read_glue_tsv,
-)
-from app.tasks.glue_mrpc_config import GlueMrpcConfig, Pooling
+from app.tasks.glue.config import Pooling
+from app.tasks.glue.sources import load_local_splits
+from app.tasks.glue.tokenization import IGNORE_INDEX
+from app.tasks.glue.tsv import read_glue_tsv
+from app.tasks.glue_mrpc import GlueMrpcTask
+from app.tasks.glue_mrpc_config import MRPC, GlueMrpcConfig
 from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs, write_glue_tsv
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
@@ -103,7 +102,7 @@ def test_app_tasks_does_not_import_transformers():
 
 
 def test_tsv_loading_keeps_unquoted_double_quotes(tiny_data):
-    splits = load_local_splits(str(tiny_data))
+    splits = load_local_splits(str(tiny_data), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
     train = splits["train"].data
     expected = synthetic_pairs(48, seed=1)
@@ -117,14 +116,14 @@ def test_tsv_loading_keeps_unquoted_double_quotes(tiny_data):
 
 def test_dev_tsv_is_the_validation_split(tmp_path):
     make_tiny_glue_tsv(tmp_path, n_train=4, n_val=3, validation_name="dev.tsv")
-    splits = load_local_splits(str(tmp_path))
+    splits = load_local_splits(str(tmp_path), MRPC)
     assert len(splits["validation"].data) == 3 and "test" not in splits
 
 
 def test_glue_test_tsv_without_labels(tmp_path):
     path = tmp_path / "test.tsv"
     path.write_text('index\t#1 ID\t#2 ID\t#1 String\t#2 String\n0\t1\t2\tHe said "yes.\tShe said no.\n')
-    ds = read_glue_tsv(path)
+    ds = read_glue_tsv(path, MRPC)
     assert ds[0] == {"sentence1": 'He said "yes.', "sentence2": "She said no.", "label": -1, "idx": 0}
 
 
@@ -135,16 +134,16 @@ def test_parquet_layouts(tiny_data, tmp_path, pattern):
     for split in ("train", "validation", "test"):
         target = tmp_path / pattern.format(split=split)
         target.parent.mkdir(parents=True, exist_ok=True)
-        read_glue_tsv(tiny_data / f"{split}.tsv").to_parquet(str(target))
-    splits = load_local_splits(str(tmp_path))
+        read_glue_tsv(tiny_data / f"{split}.tsv", MRPC).to_parquet(str(target))
+    splits = load_local_splits(str(tmp_path), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
-    assert splits["train"].data["sentence1"] == read_glue_tsv(tiny_data / "train.tsv")["sentence1"]
+    assert splits["train"].data["sentence1"] == read_glue_tsv(tiny_data / "train.tsv", MRPC)["sentence1"]
 
 
 def test_save_to_disk_layout(tiny_data, tmp_path):
-    splits = {s: read_glue_tsv(tiny_data / f"{s}.tsv") for s in ("train", "validation")}
+    splits = {s: read_glue_tsv(tiny_data / f"{s}.tsv", MRPC) for s in ("train", "validation")}
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
-    loaded = load_local_splits(str(tmp_path / "saved"))
+    loaded = load_local_splits(str(tmp_path / "saved"), MRPC)
     assert len(loaded["train"].data) == 48 and len(loaded["validation"].data) == 16
 
 
@@ -402,7 +401,7 @@ def test_symmetric_eval_averages_both_orders_of_each_pair(make_cfg):
     model = task.build_model().eval()
     rows = [data.eval[i] for i in range(5)]
     batch = data.collate_fn(rows)
-    raw = load_local_splits(task.cfg.data_dir)["validation"].data
+    raw = load_local_splits(task.cfg.data_dir, MRPC)["validation"].data
     first, second = raw["sentence1"][:5], raw["sentence2"][:5]
     ab = task.tokenizer(first, second, padding=True, truncation=True, max_length=32, return_tensors="pt")
     ba = task.tokenizer(second, first, padding=True, truncation=True, max_length=32, return_tensors="pt")
@@ -500,7 +499,7 @@ def test_predict_test_without_test_split(make_cfg, tmp_path):
 
 @pytest.mark.skipif(not REAL_DATA.is_dir(), reason=f"real GLUE MRPC files not found at {REAL_DATA}")
 def test_real_mrpc_files():
-    splits = load_local_splits(str(REAL_DATA))
+    splits = load_local_splits(str(REAL_DATA), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {
         "train": 3668,
         "validation": 408,
@@ -519,7 +518,7 @@ def test_a_mean_pooled_sentence_transformers_model_gets_a_hint(make_cfg, tiny_mo
     folder = shutil.copytree(tiny_model, tmp_path / "st_model")
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
-    with caplog.at_level("INFO", logger="app.tasks.glue_mrpc"):
+    with caplog.at_level("INFO", logger="app.tasks.glue.models"):
         GlueMrpcTask(make_cfg(model=str(tiny_model))).build_model()
         assert "task.pooling=mean" not in caplog.text
         GlueMrpcTask(make_cfg(model=str(folder))).build_model()
