@@ -30,6 +30,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -279,7 +280,7 @@ class Accelerator(ProcessControl):
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.precision,
-                                       step_end=self.backend.step_end)
+                                       step_end=self.backend.step_end_hook())
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -368,20 +369,10 @@ class Accelerator(ProcessControl):
             self._micro_step += 1
             state.sync_gradients = self._micro_step % self.gradient_accumulation_steps == 0
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
         """Run one micro-step: gradients are synchronised and the optimizer really steps only every
         ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
-        self.step += 1
-        self._do_sync()
-        # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
-        if self.gradient_state.sync_gradients or self.num_processes == 1 or self.gradient_state.sync_each_batch:
-            yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(self.backend.no_sync(model))
-            yield
+        return _MicroStep(self, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -448,11 +439,13 @@ class Accelerator(ProcessControl):
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
         """Clip the global gradient norm (across ranks and shards); returns the norm before clipping."""
-        self.unscale_gradients()
+        if self.precision.scales_loss:  # called every step: skip the no-op unscale walk otherwise
+            self.unscale_gradients()
         return self.backend.clip_grad_norm_(parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        self.unscale_gradients()
+        if self.precision.scales_loss:
+            self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     # -- models ---------------------------------------------------------------------------------------
@@ -543,6 +536,9 @@ class Accelerator(ProcessControl):
 
     def check_trigger(self) -> bool:
         """True on every process if any process set the trigger (one all-reduce); then resets it."""
+        if self.num_processes == 1:  # nothing to agree on: no tensor, no host read
+            fired, self._trigger = self._trigger, False
+            return fired
         flag = torch.tensor([1.0 if self._trigger else 0.0], device=self.device)
         if float(self.backend.all_reduce(flag, "max").item()) > 0:
             self._trigger = False
@@ -714,3 +710,36 @@ def _all_tensors(data: Any) -> bool:
         return len(data) > 0 and all(_all_tensors(v) for v in data)
     return False
 
+
+class _MicroStep:
+    """``Accelerator.accumulate``'s context. A class rather than a generator-based context manager:
+    it is entered on every micro-batch, and this costs a third as much to enter and leave."""
+
+    __slots__ = ("_accelerator", "_models", "_stack")
+
+    def __init__(self, accelerator: Accelerator, models: tuple[nn.Module, ...]):
+        self._accelerator = accelerator
+        self._models = models
+        self._stack: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> None:
+        acc = self._accelerator
+        acc.step += 1
+        acc._do_sync()
+        state = acc.gradient_state
+        # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
+        if state.sync_gradients or acc.num_processes == 1 or state.sync_each_batch:
+            return
+        stack = contextlib.ExitStack()
+        try:
+            for model in self._models:
+                stack.enter_context(acc.backend.no_sync(model))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        stack, self._stack = self._stack, None
+        return bool(stack.__exit__(exc_type, exc, traceback)) if stack is not None else False

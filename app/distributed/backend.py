@@ -10,7 +10,7 @@ state, cached memory, the end-of-step hook, fused kernels) is the backend's ``op
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,12 @@ class Backend:
         """Called once after each real optimizer step (by the optimizer wrapper): a lazy device cuts
         its graph here; eager devices do nothing."""
         self.ops.step_end()
+
+    def step_end_hook(self) -> Callable[[], None] | None:
+        """:meth:`step_end`, or None where it does nothing (eager devices), so that the optimizer
+        wrapper does not call an empty hook after every step."""
+        does_something = type(self).step_end is not Backend.step_end or type(self.ops).step_end is not DeviceOps.step_end
+        return self.step_end if does_something else None
 
     def free_memory(self) -> None:
         """Release the memory the device's allocator caches."""

@@ -104,6 +104,19 @@ class SeedableRandomSampler(RandomSampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def epoch_permutation(self) -> list[int]:
+        """The whole order of one pass, as iterating yields it, in one call (no Python step per
+        index); the epoch then moves on, as after a finished pass."""
+        n = len(self.data_source)
+        if self.replacement or self.num_samples != n:
+            return list(self)
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        order = torch.randperm(n, generator=self.generator).tolist()
+        self.set_epoch(self.epoch + 1)
+        return order
+
 
 class ShardedBatchSampler(Sampler[list[int]]):
     """Yields this rank's batches of dataset indices. See the module docstring for the order."""
@@ -216,6 +229,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         if self.sampler is not None:
             if isinstance(self.sampler, SeedableRandomSampler):
                 self.sampler.set_epoch(self.epoch)
+                return self.sampler.epoch_permutation()
             return list(self.sampler)
         if not self.shuffle:
             return list(range(self.num_samples))
@@ -247,9 +261,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
             # Complete the last global step with samples from the start of the epoch (cycling, for
             # datasets smaller than one global step).
             order = order + [order[i % len(order)] for i in range(pad)]
-        b, r = self.per_process_batch, self.process_index
+        b, r, global_batch = self.per_process_batch, self.process_index, self.global_batch
         for step in range(self.skip_steps, steps):
-            start = step * self.global_batch + r * b
+            start = step * global_batch + r * b
             batch = order[start : start + b]
             if batch:
                 yield batch

@@ -31,6 +31,8 @@ class Precision:
     """Full precision: no autocast, no scaling."""
 
     name = "no"
+    scales_loss = False
+    """Whether the loss (hence the gradients) is scaled and must be unscaled before clipping."""
 
     def autocast(self) -> AbstractContextManager[Any]:
         return contextlib.nullcontext()
@@ -81,6 +83,8 @@ class AutocastPrecision(Precision):
 
 class Fp16Precision(AutocastPrecision):
     """fp16 autocast plus dynamic loss scaling; an overflowing step is skipped and reported."""
+
+    scales_loss = True
 
     def __init__(self, device_type: str):
         super().__init__("fp16", device_type, torch.float16)

@@ -96,17 +96,19 @@ class AcceleratedScheduler:
         self.steps_per_optimizer_step = steps_per_optimizer_step
 
     def step(self, *args: Any, **kwargs: Any) -> None:
+        scheduler = self.scheduler
         if not self.step_with_optimizer:
-            self.scheduler.step(*args, **kwargs)
+            scheduler.step(*args, **kwargs)
             return
         if not self.gradient_state.sync_gradients:
             return
-        if any(opt.step_was_skipped for opt in self.optimizers):
-            return
+        for opt in self.optimizers:
+            if opt.step_was_skipped:
+                return
         for _ in range(self.steps_per_optimizer_step):
-            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
-            if total is None or self.scheduler._step_count <= total:
-                self.scheduler.step(*args, **kwargs)
+            total = getattr(scheduler, "total_steps", None)  # OneCycleLR raises past its end
+            if total is None or scheduler._step_count <= total:
+                scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()
