@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
@@ -148,7 +149,25 @@ class DDPBackend(TorchDistributedBackend):
         wrapped = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **arguments)
         if self.ddp_kwargs is not None:
             self.ddp_kwargs.register_comm_hook(wrapped)
+        self._wrapped.add(wrapped)
         return wrapped
+
+    @property
+    def _wrapped(self) -> weakref.WeakSet[nn.Module]:
+        """The DDP models this backend made (weakly held: a dropped model is no longer listed)."""
+        return self.__dict__.setdefault("_wrapped_models", weakref.WeakSet())
+
+    def shutdown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            # DDP's C++ reducer (and the logger sharing it) hold the process group. Freed later, with
+            # the model, they would run gloo's destructor under the GIL: it joins gloo's worker threads,
+            # one of which may be waiting for that GIL to free a finished collective's tensors, and the
+            # process hangs for ever (pytorch/pytorch#56297; seen at the end of 2-process runs). Freed
+            # here, the group's last reference goes with destroy_process_group, which drops the GIL.
+            for model in list(self._wrapped):
+                model.__dict__.pop("reducer", None)
+                model.__dict__["logger"] = None
+        super().shutdown()
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
