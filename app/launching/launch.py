@@ -19,7 +19,7 @@ from typing import Any
 from app.config import RunConfig
 from app.configure import validate
 from app.interrupts import RunInterrupted, StopSignals
-from app.launching.processes import run_on_processes
+from app.launching.processes import run_on_processes, start_worker_server
 from app.launching.worker_errors import call_blaming_the_cause
 
 log = logging.getLogger(__name__)
@@ -56,15 +56,18 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
         cfg.resume = "auto"
     world = launched_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
+    if world is None and cfg.hardware.num_processes > 1:
+        start_worker_server()  # imports on another core while this process imports torch to validate
     validate(cfg, launched=(world, local_world) if world is not None else None)
     if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
         from app.config_tree import show_config
 
         show_config(cfg)
     from app.distributed.hardware import hardware_spec
-    from app.engine.run import run
 
     if world is not None:
+        from app.engine.run import run
+
         # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder
         # (app.launching.torchrun); only rank 0 kept Hydra's logging.
         rank = int(os.environ["RANK"])
@@ -77,6 +80,8 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
         return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, hydra_files))
     workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
     if workers == 0:
+        from app.engine.run import run
+
         return run(cfg, run_dir, hydra_files)
     with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
         stop_file = Path(stop_dir) / "signal"

@@ -118,6 +118,12 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
         logs.cleanup()
 
 
+WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.glue_mrpc", "torch._dynamo"]
+"""What the fork server imports once for all workers: the engine, the tasks (without their optional
+libraries), and ``torch._dynamo``, which torch.optim imports on an optimizer's creation and first
+step whether or not anything is compiled (about as long as importing torch itself)."""
+
+
 def _start_method() -> str:
     """Workers are forked from a fork server that has imported torch and the engine once (not
     from this process, whose threads and OpenMP state a fork would copy), so a worker starts in a
@@ -127,8 +133,18 @@ def _start_method() -> str:
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(["app.engine.run"])
+    multiprocessing.set_forkserver_preload(WORKER_PRELOAD)
     return "forkserver"
+
+
+def start_worker_server() -> None:
+    """Start the fork server now (it lives as long as this process, one for all the jobs of a sweep):
+    its imports then run on another core while this process validates the config and prepares the
+    launch, instead of after it."""
+    if _start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = None) -> Any:
