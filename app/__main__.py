@@ -83,7 +83,7 @@ def main(dict_cfg: DictConfig) -> float | None:
         fail(str(err), exit_code=1)
     except (RuntimeError, OSError) as err:
         # Imported here: app.distributed imports torch, which a refused config must not wait for.
-        from app.distributed.checkpoint_store import DISK_FULL_ERRNOS, DiskFullError
+        from app.distributed.checkpoint.errors import DISK_FULL_ERRNOS, DiskFullError
 
         if isinstance(err, DiskFullError):
             fail(str(err), exit_code=1)

@@ -17,8 +17,8 @@ import torch
 from app.__main__ import unknown_keys
 from app.config import ConfigError
 from app.distributed import Accelerator
-from app.distributed import checkpoint_store as store
-from app.distributed.checkpoint_format import read_safetensors
+from app.distributed.checkpoint import store
+from app.distributed.checkpoint.format import read_safetensors
 from app.distributed.hardware.multi_cpu import available_cores
 from tests.conftest import compose_config, run_app
 from tests.tiny_bert import HEADER, make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs

@@ -13,7 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from app.distributed.checkpoint_store import complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints
 from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.checkpoint import CheckpointPolicy
 from app.engine.loop import LoopState

@@ -11,15 +11,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from app.distributed.checkpoint_format import (
+from app.distributed.checkpoint.format import (
     dedupe_shared,
     finish,
     flatten,
-    read_state,
     unflatten,
     write_safetensors,
     write_state,
 )
+from app.distributed.checkpoint.store import read_state
 
 
 @pytest.mark.timeout(30)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
-from app.distributed.checkpoint_store import CheckpointError, read_manifest
+from app.distributed.checkpoint.store import CheckpointError, read_manifest
 from app.distributed.data import GradientState, shard_dataloader
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.distributed import checkpoint_store as store
-from app.distributed.checkpoint_format import finish, write_safetensors
-from app.distributed.checkpoint_store import CheckpointError, Manifest
+from app.distributed.checkpoint import store
+from app.distributed.checkpoint.format import finish, write_safetensors
+from app.distributed.checkpoint.store import CheckpointError, Manifest
 
 
 def make(root, number, step=None, metric=None, mode="max"):
@@ -162,7 +162,7 @@ def test_cleanup_leaves_a_live_writers_temporary_folder_alone(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from app.distributed import checkpoint_store as store
+        from app.distributed.checkpoint import store
         print(store.temporary_folder(Path({str(root)!r}), 5), flush=True)
         time.sleep(120)
     """)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.distributed import checkpoint_store as store
-from app.distributed.checkpoint_format import sha256_file, write_state
+from app.distributed.checkpoint import store
+from app.distributed.checkpoint.format import sha256_file, write_state
 from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
 
@@ -86,7 +86,7 @@ def write_crafted(folder: Path, case: str) -> None:
         replace_listed(folder, name, make())
         return
     # A well-formed safetensors file whose JSON skeleton (the optimizer's structure) is 200k deep.
-    from app.distributed.checkpoint_format import write_safetensors
+    from app.distributed.checkpoint.format import write_safetensors
 
     write_safetensors(folder / name, {"t": torch.zeros(1)}, {"skeleton": deep_json().decode()})
     relist(folder, name)

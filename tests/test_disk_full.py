@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.distributed import checkpoint_store as store
+from app.distributed.checkpoint import store
 from tests.conftest import run_app
 
 ARGS = ("trainer.max_steps=12", "checkpoint.every_n_steps=1", "checkpoint.total_limit=null",

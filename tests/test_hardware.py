@@ -139,8 +139,9 @@ def test_a_kind_added_to_the_registry_alone_is_validated_launched_and_built(monk
 
 
 def test_rng_files_keep_their_keys_and_a_gpu_checkpoint_restores_on_the_cpu(tmp_path: Path):
-    from app.distributed.checkpoint_format import read_state, write_state
-    from app.distributed.checkpointing import apply_rng, capture_rng
+    from app.distributed.checkpoint.format import write_state
+    from app.distributed.checkpoint.rng import apply_rng, capture_rng
+    from app.distributed.checkpoint.store import read_state
 
     backend = Backend(torch.device("cpu"))
     state = capture_rng(backend)

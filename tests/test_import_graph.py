@@ -26,8 +26,6 @@ APP = REPO / "app"
 
 ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
     # importer -> imported: who breaks it (issue 12). Removing these edges must leave no cycle.
-    ("app.distributed.checkpoint_format", "app.distributed.checkpoint_store"): "c12ckpt",
-    ("app.distributed.checkpoint_fsdp", "app.distributed.checkpointing"): "c12ckpt",
     ("app.distributed.backend", "app.distributed.hardware.registry"): "c12launch",
     ("app.distributed.hardware.spec", "app.distributed.hardware.registry"): "c12launch",
     ("app.distributed.state", "app.distributed.accelerator"): "c12launch",
@@ -35,13 +33,6 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
 
 ALLOWED_PRIVATE_READS: dict[tuple[str, str], str] = {
     # (file, attribute): who removes it (issue 12).
-    ("app/distributed/checkpointing.py", "_models"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_optimizers"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_schedulers"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_dataloaders"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_custom_objects"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_micro_step"): "c12ckpt",
-    ("app/distributed/checkpointing.py", "_seed"): "c12ckpt",
 }
 
 # What a module of app/engine must not import: the collective library, XLA, CUDA's own API.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.distributed.checkpoint_store import complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints
 from tests.conftest import run_app
 
 # Runs that would not end by themselves (max_steps far away; a constant rate, so the schedule does not

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.distributed.checkpoint_store import (
+from app.distributed.checkpoint.store import (
     FAULT_ENV,
     CheckpointError,
     complete_checkpoints,

@@ -157,7 +157,7 @@ def test_one_process_checkpoint_resumes_on_two_processes(tmp_path, kind):
 def test_app_on_two_processes_killed_mid_save_resumes_exactly(tmp_path):
     """Rank 0 SIGKILLs itself half-way through its 3rd save; resumed on 2 processes the run ends
     with the uninterrupted run's weights and logged losses (per-rank loss windows included)."""
-    from app.distributed.checkpoint_store import FAULT_ENV, complete_checkpoints
+    from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
     from tests.test_resume import logged
 
     args = ("hardware=multi_cpu", "hardware.num_processes=2", "trainer.batch_size=16", "trainer.max_epochs=1",
@@ -183,7 +183,7 @@ def full_snapshot(acc: Accelerator, parts: tuple[Any, ...]) -> dict[str, Any] | 
     None on the other ranks."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    from app.distributed.checkpoint_fsdp import by_parameter_index
+    from app.distributed.checkpoint.layouts import by_parameter_index
 
     model, optimizer, _, scheduler = parts
     weights = acc.get_state_dict(model)
@@ -198,7 +198,7 @@ def full_snapshot(acc: Accelerator, parts: tuple[Any, ...]) -> dict[str, Any] | 
 
 @pytest.mark.timeout(240)
 def test_fsdp_checkpoint_is_sharded_and_resumes_exactly_and_on_one_process(tmp_path):
-    from app.distributed.checkpoint_store import read_manifest
+    from app.distributed.checkpoint.store import read_manifest
 
     folder = tmp_path / "checkpoint"
     uninterrupted = on_processes(save_then_continue, str(folder), "fsdp")

@@ -8,7 +8,7 @@ import json
 
 from safetensors.torch import load_file
 
-from app.distributed.checkpoint_store import complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints
 from app.engine.run import run
 from tests.conftest import compose_config
 

@@ -135,7 +135,7 @@ def kill_sweep_during_job(cwd: Path, job: Path, *args: str) -> None:
     import signal
     import time
 
-    from app.distributed.checkpoint_store import complete_checkpoints
+    from app.distributed.checkpoint.store import complete_checkpoints
 
     proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

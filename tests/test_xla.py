@@ -22,7 +22,7 @@ import torch
 
 from app.config import ConfigError
 from app.configure import validate
-from app.distributed.checkpoint_store import FAULT_ENV, complete_checkpoints
+from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
 from app.distributed.hardware.xla import tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints
 from tests.conftest import SHARED_DATA, compose_config, run_app
@@ -157,7 +157,7 @@ def test_two_devices_follow_one_device_with_the_same_global_batch(tmp_path):
 def test_an_xla_checkpoint_resumes_on_cpu_and_a_cpu_checkpoint_on_xla(tmp_path):
     """One checkpoint format: what one hardware kind saved, the other continues (the optimizer's own
     step count included). Separate processes, as a user would run them."""
-    from app.distributed.checkpoint_format import read_state
+    from app.distributed.checkpoint.store import read_state
 
     base = ("trainer.max_epochs=3", "trainer.eval_every_n_steps=15", "checkpoint.every_epoch=false",
             "checkpoint.every_n_steps=15", *QUIET)

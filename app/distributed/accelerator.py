@@ -39,6 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 
 from app.distributed.backend import Backend
+from app.distributed.checkpoint.export import save_model
+from app.distributed.checkpoint.training_state import Counters, TrainingObjects, load_state, save_state
 from app.distributed.configuration import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -597,7 +599,7 @@ class Accelerator(ProcessControl):
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
                    *, metadata: dict[str, Any] | None = None) -> Path:
         """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states of every
-        rank and registered objects, atomically (see ``app/distributed/checkpointing.py``); every
+        rank and registered objects, atomically (see ``app/distributed/checkpoint/``); every
         process must call it. Returns the checkpoint folder.
 
         Without ``output_dir``: ``<project_dir>/checkpoints/checkpoint_<N>``, N continuing from the
@@ -611,10 +613,16 @@ class Accelerator(ProcessControl):
         if not safe_serialization:
             raise ValueError("save_state writes safetensors and JSON only (no pickle); safe_serialization=False "
                              "is not supported.")
-        from app.distributed.checkpointing import save_state
-
         with self._models_kept_by(self._save_state_pre_hooks, output_dir, with_weights=True):
-            return save_state(self, output_dir, metadata)
+            return save_state(self.backend, self._training_objects(), output_dir, self.project_dir,
+                              self.project_configuration.total_limit, metadata)
+
+    def _training_objects(self) -> TrainingObjects:
+        """What save_state and load_state work on: everything prepared or registered, and the counters."""
+        return TrainingObjects(models=list(self._models), optimizers=list(self._optimizers),
+                               schedulers=list(self._schedulers), dataloaders=list(self._dataloaders),
+                               custom_objects=list(self._custom_objects), precision=self.precision,
+                               counters=Counters(self.step, self._micro_step, self._seed))
 
     def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, weights, output_dir)`` runs before ``save_state`` writes; a model it removes
@@ -683,10 +691,11 @@ class Accelerator(ProcessControl):
 
         >>> accelerator.load_state("runs/exp1/checkpoints/checkpoint_3")
         """
-        from app.distributed.checkpointing import load_state
-
         with self._models_kept_by(self._load_state_pre_hooks, input_dir, with_weights=False):
-            return load_state(self, input_dir, config_hash)
+            manifest, counters = load_state(self.backend, self._training_objects(), input_dir, self.project_dir,
+                                            config_hash)
+        self.step, self._micro_step, self._seed = counters.step, counters.micro_step, counters.seed
+        return manifest
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike[str], max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
@@ -696,9 +705,7 @@ class Accelerator(ProcessControl):
 
         >>> accelerator.save_model(model, "export", max_shard_size="1GB")
         """
-        from app.distributed.checkpointing import save_model
-
-        save_model(self, model, save_directory, max_shard_size, safe_serialization)
+        save_model(self.backend, model, save_directory, max_shard_size, safe_serialization)
 
 
 def _all_tensors(data: Any) -> bool:

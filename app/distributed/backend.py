@@ -4,7 +4,8 @@ what device. One class per hardware kind implements it; the Accelerator and the 
 On one process every collective is the identity. The multi-process backends (DDP, FSDP2) live in
 ``torch_distributed.py``. What depends on the device type rather than on the process layout (RNG
 state, cached memory, the end-of-step hook, fused kernels) is the backend's ``ops``, from
-``app/distributed/hardware/``, whose specs build the backends.
+``app/distributed/hardware/``, whose specs build the backends. How it lays out model and optimizer
+state in a checkpoint is its ``checkpoint_io`` (``app/distributed/checkpoint/io.py``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from app.distributed.checkpoint.io import CheckpointIO, FullStateIO
 from app.distributed.hardware.device import DeviceOps
 from app.distributed.hardware.registry import device_ops
 
@@ -28,6 +29,9 @@ class Backend:
     def __init__(self, device: torch.device):
         self.device = device
         self.ops: DeviceOps = device_ops(device)
+        self.checkpoint_io: CheckpointIO = FullStateIO(self)
+        """How this backend reads and writes model and optimizer state in a checkpoint (the main
+        process writes the full state; FSDP2 writes shards)."""
 
     # -- topology -------------------------------------------------------------------------------------
     num_processes: int = 1
@@ -86,34 +90,6 @@ class Backend:
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights, on CPU, valid on the main process (others may get {})."""
         return {k: v.detach().cpu() for k, v in self.unwrap_model(model).state_dict().items()}
-
-    # -- checkpoint files (every rank calls these; see app/distributed/checkpointing.py) ----------------
-    def save_model_state(self, model: nn.Module, folder: Path, name: str) -> dict[str, Any]:
-        """Write the model's weights into a checkpoint folder; returns the files *this rank* wrote, by
-        name: a ``checkpoint_format.WrittenFile``, or the Path of a file another library wrote (the
-        caller fsyncs and hashes them). Default: the main process writes the full state to
-        ``<name>.safetensors``."""
-        from app.distributed.checkpointing import save_full_model_state
-
-        return save_full_model_state(self, model, folder, name)
-
-    def load_model_state(self, model: nn.Module, folder: Path, name: str) -> None:
-        from app.distributed.checkpointing import load_full_model_state
-
-        load_full_model_state(self, model, folder, name)
-
-    def save_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                             name: str) -> dict[str, Any]:
-        """Like save_model_state, for the optimizer that updates ``model``'s parameters."""
-        from app.distributed.checkpointing import save_full_optimizer_state
-
-        return save_full_optimizer_state(self, model, optimizer, folder, name)
-
-    def load_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                             name: str) -> None:
-        from app.distributed.checkpointing import load_full_optimizer_state
-
-        load_full_optimizer_state(self, model, optimizer, folder, name)
 
     # -- collectives (identities on one process) ------------------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,6 @@ import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -25,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from app.distributed.backend import Backend
+from app.distributed.checkpoint.sharded_io import ShardedStateIO
 from app.distributed.hardware.device import CPU, DeviceOps
 
 log = logging.getLogger(__name__)
@@ -213,6 +213,8 @@ class FSDPBackend(TorchDistributedBackend):
     def __init__(self, device: torch.device, *, reshard_after_forward: bool = True, **layout: Any):
         super().__init__(device, **layout)
         self.reshard_after_forward = reshard_after_forward
+        # Each rank writes its own weight shards (torch.distributed.checkpoint); loading re-shards.
+        self.checkpoint_io = ShardedStateIO(self)
 
     @property
     def distributed_type(self) -> str:
@@ -259,29 +261,6 @@ class FSDPBackend(TorchDistributedBackend):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
-
-    # -- checkpoints: sharded weights with torch.distributed.checkpoint (app/distributed/checkpoint_fsdp.py)
-    def save_model_state(self, model: nn.Module, folder: Path, name: str) -> dict[str, Any]:
-        from app.distributed import checkpoint_fsdp
-
-        return checkpoint_fsdp.save_model_state(self, model, folder, name)
-
-    def load_model_state(self, model: nn.Module, folder: Path, name: str) -> None:
-        from app.distributed import checkpoint_fsdp
-
-        checkpoint_fsdp.load_model_state(self, model, folder, name)
-
-    def save_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                             name: str) -> dict[str, Any]:
-        from app.distributed import checkpoint_fsdp
-
-        return checkpoint_fsdp.save_optimizer_state(self, model, optimizer, folder, name)
-
-    def load_optimizer_state(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                             name: str) -> None:
-        from app.distributed import checkpoint_fsdp
-
-        checkpoint_fsdp.load_optimizer_state(self, model, optimizer, folder, name)
 
 
 def _shard_units(model: nn.Module) -> list[nn.Module]:

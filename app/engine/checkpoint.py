@@ -1,5 +1,6 @@
-"""Checkpoints of a training run: when to save (the loop's CheckpointHook), how to resume, and the
-final model export. Storage lives in ``app.distributed.checkpointing`` / ``checkpoint_store``.
+"""Checkpoint policy of a training run: when to save (the loop's CheckpointHook), what to keep, which
+checkpoint ``resume=`` means, and which weights the final export holds. How checkpoints are written,
+verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
@@ -17,7 +18,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,17 +25,17 @@ from typing import Any
 
 from app.config import ExportChoice, RunConfig
 from app.distributed import Backend
-from app.distributed.checkpoint_format import fsync_paths
-from app.distributed.checkpoint_store import (
+from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
+from app.distributed.checkpoint.export import export_shards, write_weights
+from app.distributed.checkpoint.rng import apply_rng, capture_rng
+from app.distributed.checkpoint.store import (
     CHECKPOINTS,
     Manifest,
     complete_checkpoints,
     fault_point,
-    replace_folder,
     rotate,
     run_folder_of,
 )
-from app.distributed.checkpointing import apply_rng, capture_rng
 from app.engine.build import plain
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
@@ -248,18 +248,23 @@ def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = 
     artifacts, in a temporary folder renamed into place. Every process calls it (FSDP2 gathers the
     weights)."""
     acc = c.accelerator
-    temporary = folder.with_name(f".{folder.name}.tmp-{secrets.token_hex(4)}")
+    temporary = temporary_sibling(folder)
     if acc.is_main_process:
         for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
     with c.evaluation_weights():
-        acc.save_model(c.model, temporary)
+        # Every process gathers (FSDP2); the tensors may be the live parameters, so they are written
+        # before the training weights come back. Written plainly: the folder is published whole, below.
+        shards = export_shards(acc.backend, c.model, temporary)
+        if acc.is_main_process:
+            temporary.mkdir(parents=True)
+            write_weights(temporary, shards, safe=True, each_file_atomic=False)
     if acc.is_main_process:
         c.task.save_artifacts(acc.unwrap_model(c.model), temporary)
         if metadata is not None:
             (temporary / EXPORT_FILE).write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
         fsync_paths(p for p in temporary.rglob("*") if p.is_file())
-        replace_folder(temporary, folder)
+        publish(temporary, folder)
         if metadata is not None:
             metric = metadata.get("metric") or {}
             log.info("exported the %s weights (step %s%s) to %s", metadata["exported"], metadata["step"],

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
 from app.distributed import Accelerator
-from app.distributed.checkpoint_store import CHECKPOINTS, complete_checkpoints
+from app.distributed.checkpoint.store import CHECKPOINTS, complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed

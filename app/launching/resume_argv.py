@@ -45,7 +45,7 @@ def argv_for_resume(argv: list[str]) -> list[str]:
     value = unquote(resume[-1])
     if value in ("auto", "null", "None", ""):
         return argv
-    from app.distributed.checkpoint_store import find_checkpoint, run_folder_of
+    from app.distributed.checkpoint.store import find_checkpoint, run_folder_of
 
     # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched).
     evaluating = any(override_key(arg) == "mode" and unquote(arg.split("=", 1)[1]) == "eval"

@@ -18,16 +18,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import struct
 import sys
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from app.distributed.checkpoint.atomic import fsync_paths
+from app.distributed.checkpoint.errors import CheckpointError, first_line
 
 # safetensors' dtype names (https://github.com/huggingface/safetensors, "Format").
 _DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -144,8 +145,6 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
     A file that is not one raises CheckpointError naming it."""
     from safetensors import safe_open
 
-    from app.distributed.checkpoint_store import CheckpointError
-
     if problem := check_file(path):
         raise CheckpointError(f"{path} {problem}.")
     try:
@@ -153,7 +152,7 @@ def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
             return tensors, dict(f.metadata() or {})
     except Exception as err:  # noqa: BLE001 - safetensors raises its own SafetensorError, OSError...
-        raise CheckpointError(f"{path} is not a readable safetensors file ({_first_line(err)}).") from None
+        raise CheckpointError(f"{path} is not a readable safetensors file ({first_line(err)}).") from None
 
 
 # -- well-formedness, checked before a file is loaded ---------------------------------------------------
@@ -166,10 +165,6 @@ MAX_JSON_DEPTH = 64
 _ITEM_SIZES = {name: torch.empty((), dtype=dtype).element_size() for dtype, name in _DTYPE_NAMES.items()}
 
 
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
-
-
 def _json_problem(text: str | bytes) -> str | None:
     """None when ``text`` is JSON nested at most MAX_JSON_DEPTH deep; else what is wrong."""
     try:
@@ -177,7 +172,7 @@ def _json_problem(text: str | bytes) -> str | None:
     except RecursionError:
         return "is nested too deeply to be ours"
     except (ValueError, UnicodeDecodeError) as err:
-        return f"is not valid JSON ({_first_line(err)})"
+        return f"is not valid JSON ({first_line(err)})"
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -302,29 +297,9 @@ def write_state(folder: Path, name: str, state: Any) -> dict[str, WrittenFile]:
     return {file: write_safetensors(folder / file, unique, metadata)}
 
 
-def state_file(folder: Path, name: str) -> Path | None:
-    """The file holding state ``name`` in a checkpoint: whichever of ``<name>.safetensors`` and
-    ``<name>.json`` its manifest lists (the manifest is the only truth: a file it does not list is
-    never read). In a folder without a manifest (not committed: a test, a save in progress),
-    whichever exists."""
-    from app.distributed.checkpoint_store import listed_files
-
-    listed = listed_files(folder)
-    for suffix in (".safetensors", ".json"):
-        file = f"{name}{suffix}"
-        if file in listed if listed is not None else (folder / file).is_file():
-            return folder / file
-    return None
-
-
-def read_state(folder: Path, name: str) -> Any:
-    """The state :func:`write_state` wrote; FileNotFoundError when there is none, CheckpointError
-    (naming the file) when it is not well-formed."""
-    from app.distributed.checkpoint_store import CheckpointError
-
-    path = state_file(folder, name)
-    if path is None:
-        raise FileNotFoundError(f"{folder / name}.(json|safetensors)")
+def read_state_file(path: Path) -> Any:
+    """The state :func:`write_state` wrote into ``path``; CheckpointError (naming the file) when it is
+    not well-formed. (``store.read_state`` finds the file of a state by the folder's manifest.)"""
     if problem := check_file(path):
         raise CheckpointError(f"{path} {problem}.")
     try:
@@ -337,7 +312,7 @@ def read_state(folder: Path, name: str) -> Any:
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{path} does not hold a state this program wrote ({_first_line(err)}).") from None
+        raise CheckpointError(f"{path} does not hold a state this program wrote ({first_line(err)}).") from None
 
 
 # -- shared storage --------------------------------------------------------------------------------
@@ -385,18 +360,3 @@ def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
         while data := f.read(chunk):
             hasher.update(data)
     return hasher.hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """Make a file's bytes, or a folder's entries (a rename, a new file), durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_paths(paths: Iterable[Path]) -> None:
-    for path in paths:
-        fsync_path(path)
-

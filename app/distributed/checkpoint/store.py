@@ -3,18 +3,20 @@
 Layout: ``<run folder>/checkpoints/checkpoint_<N>/`` with ``manifest.json`` written last. A folder
 *is* a checkpoint only when its manifest parses (listing, numbering, rotation) and, to be resumed
 from, when every file it lists is a plain file inside the folder (no ``..``, no absolute path, no
-symlink on the way), is well-formed (headers parsed with bounds, see ``checkpoint_format.check_file``)
+symlink on the way), is well-formed (headers parsed with bounds, see ``format.check_file``)
 and has the recorded size and SHA-256 (:func:`verify`). The manifest is the only truth: loading
 reads exactly the files it lists, by those names. Anything else in ``checkpoints/`` (stray names,
 half-written folders, symlinks) is ignored: never chosen, never deleted.
 
 A checkpoint is written into ``checkpoints/.tmp-checkpoint_<N>-<random>/``, its files fsynced, the
-manifest written and fsynced, then the folder is renamed into place and the parent fsynced. A
-crash at any point leaves either the previous set of checkpoints or the new one complete, plus at
-most a ``.tmp-*`` folder that :func:`clean_temporaries` removes later. Rotation runs only after
-that, on the main process, and moves a folder out of the way (rename) before deleting it.
+manifest written and fsynced, then the folder is renamed into place and the parent fsynced
+(``atomic.publish``). A crash at any point leaves either the previous set of checkpoints or the
+new one complete, plus at most a ``.tmp-*`` folder that :func:`clean_temporaries` removes later.
+Rotation runs only after that, on the main process, and moves a folder out of the way (rename)
+before deleting it.
 
-Only the standard library is used here (file hashing imports ``checkpoint_format`` lazily).
+:func:`read_state` reads a named state of a checkpoint (``scheduler``, ``rng_state_0``...) from the
+file its manifest lists.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ import shutil
 import socket
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError
+from app.distributed.checkpoint.atomic import fsync_path, publish
+from app.distributed.checkpoint.errors import CheckpointError, DiskFullError, first_line
+from app.distributed.checkpoint.format import check_file, read_state_file, sha256_file, write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +48,6 @@ FORMAT = "app-checkpoint/1"
 CHECKPOINTS = "checkpoints"
 _NAME = re.compile(r"checkpoint_(\d+)")
 _TEMP_PREFIX = ".tmp-checkpoint_"
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used: missing, incomplete, tampered with, or for another model."""
-
-
-class DiskFullError(RuntimeError):
-    """A save ran out of space (ENOSPC or a quota); the message is one sentence. What was written
-    of that save is removed; earlier checkpoints are untouched."""
-
-
-DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def disk_full(root: Path, temporary: Path | None, what: str) -> DiskFullError:
@@ -202,8 +195,6 @@ def verify(folder: Path) -> str | None:
 
     Hashing reads every byte (what resuming needs); sizes catch truncation cheaply first.
     """
-    from app.distributed.checkpoint_format import check_file, sha256_file
-
     manifest = read_manifest(folder)
     if manifest is None:
         return "it has no readable manifest.json (an interrupted save?)"
@@ -281,32 +272,13 @@ def commit(temporary: Path, final: Path, manifest: Manifest) -> Path:
     An existing ``final`` (an explicit ``save_state(dir)`` called twice) is replaced: moved aside
     first, deleted only after the new folder is in place.
     """
-    from app.distributed.checkpoint_format import fsync_path, write_bytes
-
     manifest.created = manifest.created or time.strftime("%Y-%m-%dT%H:%M:%S%z")
     fault_point("before-manifest", manifest.save_number)
     write_bytes(temporary / MANIFEST, manifest.to_json().encode())
     fsync_path(temporary / MANIFEST)
-    fsync_path(temporary)
     fault_point("before-rename", manifest.save_number)
-    replace_folder(temporary, final)
+    publish(temporary, final)
     return final
-
-
-def replace_folder(temporary: Path, final: Path) -> None:
-    """Rename a fully written folder to ``final``. Something already there is moved aside first
-    (named after the temporary folder, so :func:`clean_temporaries` finds it after a crash) and
-    deleted only once the new folder is in place."""
-    from app.distributed.checkpoint_format import fsync_path
-
-    old = None
-    if final.exists():
-        old = temporary.with_name(temporary.name + "-old")
-        os.rename(final, old)
-    os.rename(temporary, final)
-    fsync_path(final.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _host() -> str:
@@ -379,6 +351,44 @@ def rotate(root: Path, total_limit: int | None, keep_best: bool, newest: Path) -
         shutil.rmtree(doomed, ignore_errors=True)
         removed.append(path)
     return removed
+
+
+# -- reading a committed folder's states -------------------------------------------------------------
+
+
+def state_file(folder: Path, name: str) -> Path | None:
+    """The file holding state ``name`` in a checkpoint: whichever of ``<name>.safetensors`` and
+    ``<name>.json`` its manifest lists (the manifest is the only truth: a file it does not list is
+    never read). In a folder without a manifest (not committed: a test, a save in progress),
+    whichever exists."""
+    listed = listed_files(folder)
+    for suffix in (".safetensors", ".json"):
+        file = f"{name}{suffix}"
+        if file in listed if listed is not None else (folder / file).is_file():
+            return folder / file
+    return None
+
+
+def read_state(folder: Path, name: str) -> Any:
+    """The state ``format.write_state`` wrote; FileNotFoundError when there is none, CheckpointError
+    (naming the file) when it is not well-formed."""
+    path = state_file(folder, name)
+    if path is None:
+        raise FileNotFoundError(f"{folder / name}.(json|safetensors)")
+    return read_state_file(path)
+
+
+def load_into(obj: Any, folder: Path, name: str, convert: Callable[[Any], Any] | None = None) -> None:
+    """``obj.load_state_dict`` of state ``name`` (through ``convert``), or one sentence saying why not."""
+    try:
+        state = read_state(folder, name)
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder} has no {name} state, so it was saved with different objects "
+                              f"(another script or config?).") from None
+    try:
+        obj.load_state_dict(convert(state) if convert is not None else state)
+    except (KeyError, ValueError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"the {name} state in {folder} does not fit this run ({first_line(err)}).") from None
 
 
 # -- choosing what to resume from --------------------------------------------------------------------

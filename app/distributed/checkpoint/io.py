@@ -1,0 +1,106 @@
+"""How a backend reads and writes a checkpoint's model and optimizer state: :class:`CheckpointIO`.
+
+A backend *has* one (``Backend.checkpoint_io``), chosen by how it lays out the state:
+
+- :class:`FullStateIO` (one process, DDP, XLA): the main process writes the full state, every rank
+  reads it whole into its replica;
+- ``sharded_io.ShardedStateIO`` (FSDP2): every rank writes its own weight shards, the optimizer
+  state is gathered to the main process; loading re-shards.
+
+Both read either layout (``layouts``), so a checkpoint moves between backends and world sizes.
+Every rank calls every method (some are collectives). The save methods return the files *this rank*
+wrote, by name inside the folder: a ``format.WrittenFile``, or the Path of a file another library
+wrote; the caller fsyncs and hashes them for the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import nn
+
+from app.distributed.checkpoint.errors import CheckpointError
+from app.distributed.checkpoint.format import WrittenFile, dedupe_shared, write_safetensors, write_state
+from app.distributed.checkpoint.layouts import (
+    by_parameter_index,
+    check_compatible,
+    keep_implementation,
+    read_full_model_state,
+    read_sharded_model_state,
+    sharded_shapes,
+)
+from app.distributed.checkpoint.store import listed_files, lists_folder, load_into
+
+if TYPE_CHECKING:
+    from app.distributed.backend import Backend
+
+
+class CheckpointIO(Protocol):
+    """Model and optimizer state in a checkpoint folder, as one backend lays it out."""
+
+    def save_model(self, model: nn.Module, folder: Path, name: str) -> dict[str, WrittenFile | Path]:
+        """Write the (prepared) model's weights as ``name`` in ``folder``."""
+        ...
+
+    def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
+        """Load weights ``name`` into the model, whichever layout wrote them."""
+        ...
+
+    def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                       name: str) -> dict[str, WrittenFile | Path]:
+        """Write the state of the optimizer that updates ``model``'s parameters (None: no prepared model)."""
+        ...
+
+    def load_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                       name: str) -> None:
+        ...
+
+
+class FullStateIO:
+    """The full state, written by the main process (DDP replicates it on every rank); every rank
+    reads it whole."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def save_model(self, model: nn.Module, folder: Path, name: str) -> dict[str, WrittenFile | Path]:
+        """``<name>.safetensors`` with the full weights (tied weights are stored once and recorded as aliases)."""
+        state = self.backend.full_state_dict(model)
+        if self.backend.process_index != 0:
+            return {}
+        unique, aliases = dedupe_shared(state)
+        file = f"{name}.safetensors"
+        metadata = {"format": "pt", "aliases": json.dumps(aliases)}
+        return {file: write_safetensors(folder / file, unique, metadata)}
+
+    def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
+        """Every rank reads the full weights into its (replicated) model, from ``<name>.safetensors``
+        or from the shards an FSDP2 run wrote."""
+        inner = self.backend.unwrap_model(model)
+        path = folder / f"{name}.safetensors"
+        listed = listed_files(folder)
+        if path.name in listed if listed is not None else path.is_file():
+            state = read_full_model_state(folder, name)
+            check_compatible(inner.state_dict(), state, path)
+        elif lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
+            check_compatible(inner.state_dict(), sharded_shapes(folder / name), folder / name)
+            state = read_sharded_model_state(folder / name, inner.state_dict())
+        else:
+            raise CheckpointError(f"{folder} has no {path.name}, so it was saved with a different model setup.")
+        inner.load_state_dict(state, strict=True)
+
+    def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                       name: str) -> dict[str, WrittenFile | Path]:
+        if self.backend.process_index != 0:
+            return {}
+        return dict(write_state(folder, name, optimizer.state_dict()))
+
+    def load_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
+                       name: str) -> None:
+        """Every rank loads the whole state (keyed by parameter name when an FSDP2 run saved it)."""
+        inner = self.backend.unwrap_model(model) if model is not None else None
+        load_into(optimizer, folder, name,
+                  convert=lambda state: keep_implementation(by_parameter_index(state, inner, optimizer), optimizer))
