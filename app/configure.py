@@ -87,7 +87,7 @@ def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
     """
     cfg.check()
     # Imported here: the hardware registry imports torch, which a config refused above must not wait for.
-    from app.distributed.hardware import hardware_spec
+    from app.distributed.hardware import hardware_spec, multi_process_kinds
 
     spec = hardware_spec(cfg.hardware.kind)
-    spec.validate(cfg, spec.probe() if visible is None else visible, launched)
+    spec.validate(cfg, spec.probe() if visible is None else visible, launched, multi_process_kinds())

@@ -56,7 +56,7 @@ from app.distributed.launchers import MIXED_PRECISION_ENV
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, build_precision, unscale_all
 from app.distributed.process import ProcessControl
-from app.distributed.state import AcceleratorState, register_accelerator
+from app.distributed.state import AcceleratorState, default_backend, register_accelerator
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -67,18 +67,6 @@ def available_trackers() -> list[str]:
 
     return [name for name, installed in (("tensorboard", is_tensorboard_available()), ("wandb", is_wandb_available()))
             if installed]
-
-
-def default_backend(cpu: bool) -> Backend:
-    """The backend the environment asks for (the hardware kind that ``detects`` it): torchrun's
-    variables mean several processes; ``cpu`` keeps off accelerators."""
-    from app.config import HardwareConfig, HardwareKind
-    from app.distributed.hardware import detect_spec
-
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    spec = detect_spec(world_size, cpu)
-    return spec.build_backend(HardwareConfig(kind=HardwareKind(spec.kind), num_processes=world_size,
-                                             collective_timeout_s=600.0))
 
 
 class Accelerator(ProcessControl):

@@ -3,9 +3,9 @@ what device. One class per hardware kind implements it; the Accelerator and the 
 
 On one process every collective is the identity. The multi-process backends (DDP, FSDP2) live in
 ``torch_distributed.py``. What depends on the device type rather than on the process layout (RNG
-state, cached memory, the end-of-step hook, fused kernels) is the backend's ``ops``, from
-``app/distributed/hardware/``, whose specs build the backends. How it lays out model and optimizer
-state in a checkpoint is its ``checkpoint_io`` (``app/distributed/checkpoint/io.py``).
+state, cached memory, the end-of-step hook, fused kernels) is the backend's ``ops``, which the
+hardware spec that builds the backend hands it (``app/distributed/hardware/``). How it lays out model
+and optimizer state in a checkpoint is its ``checkpoint_io`` (``app/distributed/checkpoint/io.py``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ import torch
 from torch import nn
 
 from app.distributed.checkpoint.io import CheckpointIO, FullStateIO
-from app.distributed.hardware.device import DeviceOps
-from app.distributed.hardware.registry import device_ops
+from app.distributed.hardware.device import CPU, DeviceOps
 
 
 class Backend:
     """Single process on one device. Subclasses override what changes with several processes."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, ops: DeviceOps = CPU):
+        """``ops``: the operations of ``device``'s type (its hardware spec's ``DeviceOps``; the CPU's
+        by default)."""
         self.device = device
-        self.ops: DeviceOps = device_ops(device)
+        self.ops: DeviceOps = ops
         self.checkpoint_io: CheckpointIO = FullStateIO(self)
         """How this backend reads and writes model and optimizer state in a checkpoint (the main
         process writes the full state; FSDP2 writes shards)."""

@@ -48,10 +48,20 @@ def register_accelerator(accelerator: Accelerator) -> None:
 def live_backend(cpu: bool = False) -> Backend:
     """The live backend, created from the environment (as ``PartialState()`` does) if there is none."""
     if _LIVE.backend is None:
-        from app.distributed.accelerator import default_backend
-
         _LIVE.backend = default_backend(cpu or os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"))
     return _LIVE.backend
+
+
+def default_backend(cpu: bool) -> Backend:
+    """The backend the environment asks for (the hardware kind that ``detects`` it): torchrun's
+    variables mean several processes; ``cpu`` keeps off accelerators."""
+    from app.config import HardwareConfig, HardwareKind
+    from app.distributed.hardware import detect_spec
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    spec = detect_spec(world_size, cpu)
+    return spec.build_backend(HardwareConfig(kind=HardwareKind(spec.kind), num_processes=world_size,
+                                             collective_timeout_s=600.0))
 
 
 def live_accelerator() -> Accelerator | None:

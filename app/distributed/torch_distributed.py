@@ -37,8 +37,9 @@ class TorchDistributedBackend(Backend):
     """One rank of a process group: the collectives shared by DDP and FSDP2."""
 
     def __init__(self, device: torch.device, *, process_index: int, num_processes: int,
-                 local_process_index: int, num_local_processes: int, owns_group: bool = False):
-        super().__init__(device)
+                 local_process_index: int, num_local_processes: int, owns_group: bool = False,
+                 ops: DeviceOps = CPU):
+        super().__init__(device, ops)
         self.process_index = process_index
         self.num_processes = num_processes
         self.local_process_index = local_process_index
@@ -66,7 +67,7 @@ class TorchDistributedBackend(Backend):
             dist.init_process_group(device_ops.collective_backend, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=timeout_s))
         return cls(device, process_index=rank, num_processes=world, local_process_index=local_rank,
-                   num_local_processes=local_world, owns_group=owns_group, **kwargs)
+                   num_local_processes=local_world, owns_group=owns_group, ops=device_ops, **kwargs)
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:

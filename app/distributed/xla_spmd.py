@@ -50,7 +50,7 @@ class XlaSpmdBackend(Backend):
         import torch_xla.runtime as xr
 
         xr.use_spmd()
-        super().__init__(torch_xla.device())
+        super().__init__(torch_xla.device(), XLA)
         # set_seed seeded torch before the backend existed: the device's stream follows that seed.
         XLA.seed(torch.initial_seed() % 2**63)
         self.num_devices = xr.global_runtime_device_count()

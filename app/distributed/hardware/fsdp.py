@@ -24,11 +24,11 @@ class FsdpSpec(MultiProcessSpec):
     def device_type(self, visible: Visible) -> str:
         return _device_ops(visible).type
 
-    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched) -> None:
+    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched, multi_process_kinds: str) -> None:
         if cfg.trainer.ema_decay is not None:
             raise ConfigError("trainer.ema_decay does not work with hardware=fsdp yet (the average would be "
                               "sharded like the weights); use hardware=multi_cpu or multi_gpu, or ema_decay=null.")
-        super().validate(cfg, visible, launched)
+        super().validate(cfg, visible, launched, multi_process_kinds)
 
     def check_layout(self, hw: HardwareConfig, visible: Visible) -> None:
         super().check_layout(hw, visible)

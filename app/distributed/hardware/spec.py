@@ -30,7 +30,7 @@ class HardwareSpec:
     """The ``hardware=`` option (a :class:`~app.config.HardwareKind` value)."""
     devices: tuple[DeviceOps, ...] = (CPU,)
     """The device types this kind may run on, preferred first (their operations become reachable
-    through ``registry.device_ops``)."""
+    through ``registry.device_ops``, and the backends this kind builds get them)."""
     multi_process: bool = False
     """Whether the kind runs several processes that talk through collectives (DDP, FSDP2)."""
     compiles: bool = True
@@ -45,10 +45,22 @@ class HardwareSpec:
         """The torch device type a run of this kind uses on a machine that shows ``visible``."""
         return self.devices[0].type
 
-    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched) -> None:
-        """Raise :class:`ConfigError` (one sentence) when ``cfg`` cannot run on this kind here."""
+    def device_ops(self, visible: Visible) -> DeviceOps:
+        """The operations of that device type (the CPU's for a type the kind does not list)."""
+        wanted = self.device_type(visible)
+        return next((ops for ops in self.devices if ops.type == wanted), CPU)
+
+    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched, multi_process_kinds: str) -> None:
+        """Raise :class:`ConfigError` (one sentence) when ``cfg`` cannot run on this kind here.
+        ``multi_process_kinds``: what a single-process kind suggests for several processes (the
+        registry's ``multi_process_kinds()``; a spec knows no other kind)."""
         self.check_devices(cfg.hardware, visible)
         self.check_precision(cfg.precision.mode, visible)
+        if not self.multi_process and (cfg.hardware.num_processes > 1 or cfg.hardware.num_nodes > 1):
+            raise ConfigError(
+                f"hardware={self.kind} runs one process; use hardware={multi_process_kinds} for "
+                f"hardware.num_processes={cfg.hardware.num_processes}."
+            )
         self.check_layout(cfg.hardware, visible)
         check_launcher(cfg.hardware, launched)
         if cfg.trainer.compile and not self.compiles:
@@ -58,21 +70,13 @@ class HardwareSpec:
         """Whether the devices the kind needs are there."""
 
     def check_precision(self, mode: PrecisionMode, visible: Visible) -> None:
-        from app.distributed.hardware.registry import device_ops
-
-        if mode.value not in device_ops(self.device_type(visible)).precisions:
+        if mode.value not in self.device_ops(visible).precisions:
             raise ConfigError(f"precision={mode.value} needs a CUDA GPU (loss scaling on CPU is not supported); "
                               "use bf16 or no.")
 
     def check_layout(self, hw: HardwareConfig, visible: Visible) -> None:
-        """The number of processes and nodes the config asks for."""
-        from app.distributed.hardware.registry import multi_process_kinds
-
-        if hw.num_processes > 1 or hw.num_nodes > 1:
-            raise ConfigError(
-                f"hardware={self.kind} runs one process; use hardware={multi_process_kinds()} for "
-                f"hardware.num_processes={hw.num_processes}."
-            )
+        """The number of processes and nodes the config asks for (a single-process kind has already
+        refused more than one)."""
 
     # -- processes --------------------------------------------------------------------------------------
     def local_workers(self, hw: HardwareConfig) -> int:
@@ -93,7 +97,7 @@ class HardwareSpec:
     def build_backend(self, hw: HardwareConfig) -> Backend:
         from app.distributed.backend import Backend
 
-        return Backend(self.devices[0].local_device(0))
+        return Backend(self.devices[0].local_device(0), self.devices[0])
 
 
 class MultiProcessSpec(HardwareSpec):

@@ -28,10 +28,10 @@ class TpuSpec(HardwareSpec):
         if problem is not None:
             raise ConfigError(problem)
 
-    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched) -> None:
+    def validate(self, cfg: RunConfig, visible: Visible, launched: Launched, multi_process_kinds: str) -> None:
         # Precision first: fp16 is a config error whether or not torch_xla is installed here.
         self.check_precision(cfg.precision.mode, visible)
-        super().validate(cfg, visible, launched)
+        super().validate(cfg, visible, launched, multi_process_kinds)
 
     def detects(self, world_size: int, cpu: bool) -> bool:
         """XLA wherever it can run (a TPU, or PJRT_DEVICE set), for one process; and for a process
