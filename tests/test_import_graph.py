@@ -10,9 +10,6 @@ The import graph: one node per module, a package being its ``__init__``. Every `
 function-local ones too (they still tie the two modules together), except those under
 ``if TYPE_CHECKING:``. ``from pkg import name`` depends on ``pkg.name`` when that is a module, else on
 ``pkg``; relative imports are resolved.
-
-The allow-lists below are what ``main`` still had when this test came in; each entry is removed as its
-edge is broken (the test fails on an entry that no longer closes a cycle, so they only shrink).
 """
 
 from __future__ import annotations
@@ -23,14 +20,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app"
-
-ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    # importer -> imported: who breaks it (issue 12). Removing these edges must leave no cycle.
-}
-
-ALLOWED_PRIVATE_READS: dict[tuple[str, str], str] = {
-    # (file, attribute): who removes it (issue 12).
-}
 
 # What a module of app/engine must not import: the collective library, XLA, CUDA's own API.
 ENGINE_FORBIDDEN = ("torch.distributed", "torch_xla", "torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
@@ -176,31 +165,33 @@ def test_the_graph_reader_sees_what_python_imports(tmp_path):
 
 def test_no_import_cycle_in_app():
     graph = import_graph(modules())
-    allowed = {edge for edge in ALLOWED_CYCLE_EDGES if edge[1] in graph.get(edge[0], set())}
-    pruned = {name: {dep for dep in deps if (name, dep) not in allowed} for name, deps in graph.items()}
-    cycles = [" -> ".join(a_cycle(pruned, component)) for component in strongly_connected(pruned)]
+    cycles = [" -> ".join(a_cycle(graph, component)) for component in strongly_connected(graph)]
     assert not cycles, "import cycle(s) in app/:\n" + "\n".join(cycles)
-    # The allow-list only shrinks: an entry whose edge is gone or no longer in a cycle must go.
-    in_cycle = {member: i for i, component in enumerate(strongly_connected(graph)) for member in component}
-    stale = [f"{a} -> {b} ({who})" for (a, b), who in ALLOWED_CYCLE_EDGES.items()
-             if (a, b) not in allowed or a not in in_cycle or in_cycle.get(b) != in_cycle[a]]
-    assert not stale, "no longer part of a cycle: remove from ALLOWED_CYCLE_EDGES:\n" + "\n".join(stale)
 
 
-def test_engine_imports_no_collective_xla_or_cuda_api():
-    mods = modules()
-    offenders = []
-    for name, path in mods.items():
-        if not name.startswith("app.engine."):
-            continue
-        for module, item, line in imported_names(path, name):
-            full = f"{module}.{item}" if item else module
-            if _forbidden(full):  # ``from torch import distributed`` is read as torch.distributed too
-                offenders.append(f"{path.relative_to(REPO)}:{line} imports {full}")
-        # ``import torch`` then ``torch.cuda.synchronize()`` reaches the same APIs without importing them.
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Attribute) and _forbidden(ast.unparse(node)):
-                offenders.append(f"{path.relative_to(REPO)}:{node.lineno} uses {ast.unparse(node)}")
+def engine_offences(path: Path, name: str) -> list[str]:
+    """Where the module imports or reaches a forbidden API."""
+    found = []
+    for module, item, line in imported_names(path, name):
+        full = f"{module}.{item}" if item else module
+        if _forbidden(full):  # ``from torch import distributed`` is read as torch.distributed too
+            found.append(f"{line}: imports {full}")
+    # ``import torch`` then ``torch.cuda.synchronize()`` reaches the same APIs without importing them.
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and _forbidden(ast.unparse(node)):
+            found.append(f"{node.lineno}: uses {ast.unparse(node)}")
+    return found
+
+
+def test_engine_imports_no_collective_xla_or_cuda_api(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import torch\nfrom torch import distributed as dist\nimport torch_xla.core\n"
+                      "def f():\n    torch.cuda.synchronize()\n    return torch.distributions\n")
+    assert engine_offences(sample, "app.engine.sample") == [
+        "2: imports torch.distributed", "3: imports torch_xla.core", "5: uses torch.cuda.synchronize",
+        "5: uses torch.cuda"]
+    offenders = [f"{path.relative_to(REPO)}:{where}" for name, path in modules().items()
+                 if name.startswith("app.engine.") for where in engine_offences(path, name)]
     assert offenders == []
 
 
@@ -235,7 +226,4 @@ def test_no_private_accelerator_attribute_read_outside_its_file():
             if (isinstance(node, ast.Attribute) and node.attr in private
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
                 reads.add((str(path.relative_to(REPO)), node.attr))
-    new = sorted(reads - set(ALLOWED_PRIVATE_READS))
-    assert not new, f"private Accelerator attributes read outside accelerator.py: {new}"
-    stale = sorted(set(ALLOWED_PRIVATE_READS) - reads)
-    assert not stale, f"no longer read: remove from ALLOWED_PRIVATE_READS: {stale}"
+    assert not reads, f"private Accelerator attributes read outside accelerator.py: {sorted(reads)}"
