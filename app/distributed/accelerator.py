@@ -30,7 +30,6 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 import torch
@@ -60,6 +59,10 @@ from app.distributed.state import AcceleratorState, default_backend, register_ac
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_SYNCHRONISING = contextlib.nullcontext()
+"""What ``accumulate`` returns when the backward must synchronise as usual (nothing to enter)."""
+
 
 def available_trackers() -> list[str]:
     """What ``log_with="all"`` starts: every tracker we support whose package is installed (Accelerate's rule)."""
@@ -348,21 +351,35 @@ class Accelerator(ProcessControl):
             loss = loss / self.gradient_accumulation_steps
         self.precision.backward(loss, **kwargs)
 
-    def _do_sync(self) -> None:
+    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Run one micro-step: gradients are synchronised and the optimizer really steps only every
+        ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader.
+
+        The micro-step is counted when this is called (``with`` calls it right before entering), and
+        the context is a shared no-op whenever nothing must change during backward: this runs on
+        every micro-batch, and a generator-based context manager cost ~4x more to enter and leave."""
+        self.step += 1
         state = self.gradient_state
-        if state.end_of_dataloader and state.sync_with_dataloader:
+        active = state.active
+        if active and active[-1].end_of_dataloader and state.sync_with_dataloader:
             # The epoch's last micro-batch completes an optimizer step (unless the plugin's
             # sync_with_dataloader=False carries the accumulation over into the next epoch).
             self._micro_step = 0
-            state.sync_gradients = True
+            sync = state.sync_gradients = True
         else:
             self._micro_step += 1
-            state.sync_gradients = self._micro_step % self.gradient_accumulation_steps == 0
-
-    def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[None]:
-        """Run one micro-step: gradients are synchronised and the optimizer really steps only every
-        ``gradient_accumulation_steps`` micro-steps and at the end of the dataloader."""
-        return _MicroStep(self, models)
+            sync = state.sync_gradients = self._micro_step % self.gradient_accumulation_steps == 0
+        # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
+        if sync or self._backend.num_processes == 1 or state.sync_each_batch:
+            return _SYNCHRONISING
+        stack = contextlib.ExitStack()
+        try:
+            for model in models:
+                stack.enter_context(self.backend.no_sync(model))
+        except BaseException:
+            stack.close()
+            raise
+        return stack
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:
@@ -705,36 +722,3 @@ def _all_tensors(data: Any) -> bool:
         return len(data) > 0 and all(_all_tensors(v) for v in data)
     return False
 
-
-class _MicroStep:
-    """``Accelerator.accumulate``'s context. A class rather than a generator-based context manager:
-    it is entered on every micro-batch, and this costs a third as much to enter and leave."""
-
-    __slots__ = ("_accelerator", "_models", "_stack")
-
-    def __init__(self, accelerator: Accelerator, models: tuple[nn.Module, ...]):
-        self._accelerator = accelerator
-        self._models = models
-        self._stack: contextlib.ExitStack | None = None
-
-    def __enter__(self) -> None:
-        acc = self._accelerator
-        acc.step += 1
-        acc._do_sync()
-        state = acc.gradient_state
-        # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
-        if state.sync_gradients or acc.num_processes == 1 or state.sync_each_batch:
-            return
-        stack = contextlib.ExitStack()
-        try:
-            for model in self._models:
-                stack.enter_context(acc.backend.no_sync(model))
-        except BaseException:
-            stack.close()
-            raise
-        self._stack = stack
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> bool:
-        stack, self._stack = self._stack, None
-        return bool(stack.__exit__(exc_type, exc, traceback)) if stack is not None else False

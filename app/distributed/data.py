@@ -371,6 +371,7 @@ class DataLoaderShard:
         self._resume_at = None
         self.position = sampler.skip_steps
         iterator = iter(self.base_dataloader)
+        place = self._place
         self.gradient_state.active.append(self)
         try:
             current = next(iterator, _END)
@@ -380,7 +381,7 @@ class DataLoaderShard:
                     self.end_of_dataloader = True
                     self.remainder = self.batch_sampler.last_step_remainder()
                 self.position += 1
-                yield self._place(current) if self._place is not None else current
+                yield place(current) if place is not None else current
                 current = upcoming
             # A finished pass leaves nothing to skip, and the next pass is the next epoch (a shuffled
             # loader reshuffles without set_epoch; set_epoch still picks an epoch explicitly).

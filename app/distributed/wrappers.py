@@ -94,6 +94,8 @@ class AcceleratedScheduler:
         self.gradient_state = gradient_state
         self.step_with_optimizer = step_with_optimizer
         self.steps_per_optimizer_step = steps_per_optimizer_step
+        self._bounded = hasattr(scheduler, "total_steps")
+        """OneCycleLR-like: it raises when stepped past ``total_steps``, so the last steps are skipped."""
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         scheduler = self.scheduler
@@ -105,9 +107,11 @@ class AcceleratedScheduler:
         for opt in self.optimizers:
             if opt.step_was_skipped:
                 return
+        if self.steps_per_optimizer_step == 1 and not self._bounded:  # every step of most runs
+            scheduler.step(*args, **kwargs)
+            return
         for _ in range(self.steps_per_optimizer_step):
-            total = getattr(scheduler, "total_steps", None)  # OneCycleLR raises past its end
-            if total is None or scheduler._step_count <= total:
+            if not self._bounded or scheduler._step_count <= scheduler.total_steps:
                 scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:

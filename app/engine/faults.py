@@ -21,11 +21,11 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def fault_point(rank: int) -> Callable[[int], None]:
-    """A per-step check for this rank; a no-op unless APP_FAIL_AT_STEP is set."""
+def fault_point(rank: int) -> Callable[[int], None] | None:
+    """A per-step check for this rank; None (nothing to call) unless APP_FAIL_AT_STEP is set."""
     at_step = os.environ.get("APP_FAIL_AT_STEP")
     if at_step is None or int(os.environ.get("APP_FAIL_RANK", "0")) != rank:
-        return lambda step: None
+        return None
     stop = os.environ.get("APP_FAIL_MODE") == "stop"
 
     def check(step: int) -> None:

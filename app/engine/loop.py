@@ -182,7 +182,7 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
           interrupts: StopSignals | None, progress: Progress, total_steps: int) -> None:
     acc, model, optimizer, scheduler = c.accelerator, c.model, c.optimizer, c.scheduler
     t = cfg.trainer
-    eval_every = t.eval_every_n_steps
+    eval_every, log_every, max_grad_norm = t.eval_every_n_steps, t.log_every_n_steps, t.max_grad_norm
     global_batch = c.train_loader.batch_size * acc.num_processes
     # A signal may reach one process only: on several, they agree after every step (one tiny all-reduce).
     agree_each_step = interrupts is not None and acc.num_processes > 1
@@ -203,10 +203,11 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
             loader = acc.skip_first_batches(c.train_loader, state.batches_in_epoch)
         for batch in loader:
             with acc.accumulate(model):
+                sync = acc.sync_gradients  # decided for this micro-batch by accumulate
                 out = c.task.step(model, batch)
                 acc.backward(out.loss)
-                if acc.sync_gradients and t.max_grad_norm is not None:
-                    acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+                if sync and max_grad_norm is not None:
+                    acc.clip_grad_norm_(model.parameters(), max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -215,20 +216,21 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
             # Accumulated on the device: no host sync per step.
             running_loss += out.loss.detach()
             state.loss_batches += 1
-            if not acc.sync_gradients:
+            if not sync:
                 continue
 
             state.global_step += 1
             if c.weight_average is not None:
                 c.weight_average.update()
-            inject_fault(state.global_step)
+            if inject_fault is not None:
+                inject_fault(state.global_step)
             progress.update()
             if c.profiler is not None:
                 c.profiler.step()
             decision_point = False
             metrics: dict[str, float] | None = None
 
-            if state.global_step % t.log_every_n_steps == 0:
+            if state.global_step % log_every == 0:
                 decision_point = True
                 loss = acc.reduce(running_loss / state.loss_batches, reduction="mean").item()
                 elapsed = time.perf_counter() - window_start
