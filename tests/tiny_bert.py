@@ -6,6 +6,7 @@ Both are built from scratch in a few seconds, so the tests need neither the hub 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
@@ -67,19 +68,29 @@ def make_tiny_glue_tsv(
     return folder
 
 
-def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600) -> Path:
-    """Train a WordPiece vocabulary on ``sentences``; save a BertTokenizerFast and a tiny random BERT."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600, seed: int = 0) -> Path:
+    """Build a WordPiece vocabulary from ``sentences``; save a BertTokenizerFast and a tiny random BERT."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
-    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The vocabulary is built here rather than by tokenizers' WordPieceTrainer, whose choice among
+    # equally frequent merges changes from run to run (a different vocabulary each time made tests
+    # that compare model outputs flaky). Whole words by frequency, then every character alone and as
+    # a continuation piece, so any text of the corpus tokenizes without [UNK].
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for sentence in sentences:
+        counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence)))
+    chars = sorted({c for word in counts for c in word})
+    pieces = SPECIAL_TOKENS + chars + ["##" + c for c in chars]
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if w not in pieces]
+    vocab = pieces + words[: max(0, vocab_size - len(pieces))]
+    backend = Tokenizer(models.WordPiece({token: i for i, token in enumerate(vocab)}, unk_token="[UNK]"))
+    backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tokenizer
     backend.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False
-    )
-    backend.train_from_iterator(sentences, trainer)
     cls, sep = backend.token_to_id("[CLS]"), backend.token_to_id("[SEP]")
     backend.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
@@ -107,5 +118,10 @@ def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600) ->
     )
     folder = Path(folder)
     tokenizer.save_pretrained(folder)
-    BertForSequenceClassification(config).save_pretrained(folder)
+    # A fixed initialisation: tests that compare outputs (e.g. both orders of a pair disagreeing)
+    # must not depend on whichever random weights a run happened to draw.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = BertForSequenceClassification(config)
+    model.save_pretrained(folder)
     return folder
