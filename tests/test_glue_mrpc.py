@@ -26,7 +26,10 @@ REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
 
 
 class FakeRuntime:
-    """Stand-in for the Accelerator: build_data only needs main_process_first."""
+    """Stand-in for the Accelerator on one process (the task sees it as a TaskRuntime)."""
+
+    is_main_process = True
+    static_shapes = False
 
     def __init__(self) -> None:
         self.entered = 0

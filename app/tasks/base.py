@@ -4,7 +4,8 @@ A task builds its datasets (with a collate function), builds its model, runs one
 batch, and turns gathered logits and labels into metrics. The engine owns everything else (devices,
 processes, precision, the loop), so a new task is one small module.
 
-Optional abilities are their own protocols, which the engine checks for where it uses them:
+What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
+Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for where it uses them:
 :class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths for
 ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none).
 """
@@ -12,6 +13,7 @@ Optional abilities are their own protocols, which the engine checks for where it
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -41,14 +43,32 @@ class StepOutput:
     """One entry per sample."""
 
 
+class TaskRuntime(Protocol):
+    """The runtime as a task sees it while building its data (the Accelerator is one)."""
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the one process that shows progress and fills shared caches first."""
+        ...
+
+    @property
+    def static_shapes(self) -> bool:
+        """True when every step must see the same tensor shapes (XLA): pad to a fixed length."""
+        ...
+
+    def main_process_first(self) -> AbstractContextManager[None]:
+        """The main process runs the block first (filling caches), then the others."""
+        ...
+
+
 class Task(Protocol):
     name: str
     metric_names: tuple[str, ...]
     """The keys compute_metrics returns (the engine logs them as ``eval/<name>``): checked against
     ``early_stopping.monitor`` before anything runs."""
 
-    def build_data(self, runtime: Any) -> TaskData:
-        """Load and preprocess the datasets. ``runtime`` is the Accelerator (for main_process_first)."""
+    def build_data(self, runtime: TaskRuntime) -> TaskData:
+        """Load and preprocess the datasets (``runtime``: the Accelerator, see :class:`TaskRuntime`)."""
         ...
 
     def build_model(self) -> nn.Module: ...

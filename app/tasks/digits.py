@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from app.tasks.base import StepOutput, TaskData
+from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.digits_config import DigitsConfig
 from app.tasks.digits_data import load_digits, stratified_split
 from app.tasks.metrics import classification_metrics
@@ -48,7 +48,7 @@ class DigitsTask:
         cfg.check()  # also when built from a config that did not pass through app.configure.validate
         self.cfg = cfg
 
-    def build_data(self, runtime: Any) -> TaskData:
+    def build_data(self, runtime: TaskRuntime | None) -> TaskData:
         pixels, labels = load_digits()
         # Pixel values are 0..16; scaling to 0..1 keeps the MLP well conditioned.
         x = (pixels / 16.0).astype(np.float32)

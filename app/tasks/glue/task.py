@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from app.config import ConfigError
-from app.tasks.base import StepOutput, TaskData
+from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.glue.batches import SWAPPED, PaddingCollator, split_swapped
 from app.tasks.glue.config import GlueConfig
 from app.tasks.glue.models import check_tokenizer_covers, load_model, load_tokenizer
@@ -43,7 +43,7 @@ class GlueTask:
         self.name = self.spec.name
         self.num_labels = len(self.spec.label_names)
         self._tokenizer: PreTrainedTokenizerBase | None = None
-        self._runtime: Any = None
+        self._runtime: TaskRuntime | None = None
         self._raw_test: Split | None = None
         self._test: datasets.Dataset | None = None
 
@@ -55,11 +55,11 @@ class GlueTask:
             self._tokenizer = load_tokenizer(self.cfg.tokenizer or self.cfg.model)
         return self._tokenizer
 
-    def build_data(self, runtime: Any) -> TaskData:
+    def build_data(self, runtime: TaskRuntime) -> TaskData:
         self._runtime = runtime
         if self.cfg.data_dir is not None:
             local_root(self.cfg.data_dir)  # fail on every process alike, before any barrier
-        if not getattr(runtime, "is_main_process", True):
+        if not runtime.is_main_process:
             import datasets
 
             # Tokenization shows its progress ("Tokenizing MRPC train") once, from the main process.
@@ -70,7 +70,7 @@ class GlueTask:
             raise ConfigError(f"task.predict_test=true needs a test split, and the {self.spec.title} data has none.")
         lengths = [len(ids) for ids in train["input_ids"]]
         # A compiling backend (XLA) builds one program per shape: every batch then has max_length tokens.
-        fixed_length = self.cfg.max_length if getattr(runtime, "static_shapes", False) else None
+        fixed_length = self.cfg.max_length if runtime.static_shapes else None
         return TaskData(train=train, eval=validation, collate_fn=PaddingCollator(self.tokenizer, fixed_length),
                         train_lengths=lengths)
 
@@ -163,15 +163,15 @@ class GlueTask:
         Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def run_main_first(runtime: Any, work: Callable[[], T]) -> T:
+def run_main_first(runtime: TaskRuntime | None, work: Callable[[], T]) -> T:
     """Run ``work`` on the main process first (it fills the caches), then on the others.
 
     A ConfigError is raised only after the block: raised inside, the main process would skip the
     barrier that the others wait on, and they would hang until the collective timeout.
     """
-    guard = getattr(runtime, "main_process_first", None)
     error: ConfigError | None = None
-    with guard() if guard is not None else contextlib.nullcontext():
+    # No runtime (the test split asked for before build_data): one process, nothing to order.
+    with runtime.main_process_first() if runtime is not None else contextlib.nullcontext():
         try:
             result = work()
         except ConfigError as e:
