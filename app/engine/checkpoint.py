@@ -14,20 +14,16 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from app.config import ExportChoice, RunConfig
-from app.distributed import Backend
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
 from app.distributed.checkpoint.export import export_shards, write_weights
-from app.distributed.checkpoint.rng import apply_rng, capture_rng
 from app.distributed.checkpoint.store import (
     CHECKPOINTS,
     Manifest,
@@ -226,17 +222,6 @@ def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[
     if group is not None:
         kwargs["wandb"] = {"group": group}
     return kwargs
-
-
-@contextlib.contextmanager
-def preserved_rng(backend: Backend) -> Iterator[None]:
-    """Random streams come out of the block as they went in (tracker start-up may draw from them,
-    and a resumed run must continue the restored streams exactly)."""
-    saved = capture_rng(backend)
-    try:
-        yield
-    finally:
-        apply_rng(saved, backend)
 
 
 EXPORT_FILE = "export.json"

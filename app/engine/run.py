@@ -10,12 +10,13 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
 from app.distributed import Accelerator
+from app.distributed.checkpoint.rng import preserved_rng
 from app.distributed.checkpoint.store import CHECKPOINTS, complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
-from app.engine.checkpoint import CheckpointPolicy, export_model, preserved_rng, tracker_kwargs
+from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
 from app.engine.predict import PREDICTIONS_FILE, write_test_predictions

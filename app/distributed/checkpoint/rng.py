@@ -4,7 +4,9 @@ pickle by ``format.write_state``."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,3 +54,14 @@ def restore_rng(folder: Path, backend: Backend, manifest: Manifest) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@contextlib.contextmanager
+def preserved_rng(backend: Backend) -> Iterator[None]:
+    """Random streams come out of the block as they went in (tracker start-up may draw from them,
+    and a resumed run must continue the restored streams exactly)."""
+    saved = capture_rng(backend)
+    try:
+        yield
+    finally:
+        apply_rng(saved, backend)
