@@ -13,7 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from app.distributed.checkpoint.store import complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints, read_state
 from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.checkpoint import CheckpointPolicy
 from app.engine.loop import LoopState
@@ -77,3 +77,28 @@ def test_an_old_run_resumes_and_trains_on_to_the_same_weights(tmp_path):
     assert [m["step"] for m in metrics] == [3, 6]  # the step-3 line kept, step 6 logged once more
     assert metrics[1]["eval/loss"] == pytest.approx(old_metrics[1]["eval/loss"], rel=1e-5)
     assert json.loads((run / "result.json").read_text())["steps"] == 6
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_an_old_fsdp_run_resumes_on_two_fsdp_processes_from_its_shards(tmp_path):
+    """The old per-rank weight shards load through FSDP2 itself (torch.distributed.checkpoint on 2
+    ranks), not only through the one-process reader above; training goes on from step 6."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE / "fsdp", run)
+    run_app(f"resume={run}", "trainer.max_steps=7", "checkpoint.export=last", cwd=tmp_path, check=True)
+
+    kept = [(m.save_number, m.step, m.world_size) for _, m in complete_checkpoints(run / "checkpoints")]
+    assert kept == [(1, 6, 2), (2, 7, 2)]
+    assert sorted(p.name for p in (run / "checkpoints" / "checkpoint_2" / "model").iterdir()) == [
+        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"]
+    assert json.loads((run / "result.json").read_text())["steps"] == 7
+    # The old run's schedule (6 steps) ended at learning rate 0, so step 7 moves the optimizer's
+    # counters but not the weights: what the old shards held comes back out exactly.
+    optimizer = read_state(run / "checkpoints" / "checkpoint_2", "optimizer")["state"]
+    assert {float(s["step"]) for s in optimizer.values()} == {7.0}
+    old = load_file(FIXTURE / "fsdp" / "model" / "model.safetensors")
+    new = load_file(run / "model" / "model.safetensors")
+    assert old.keys() == new.keys()
+    for name, tensor in old.items():
+        assert torch.equal(new[name], tensor), name
