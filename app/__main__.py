@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig
 from app.configure import register_configs
+from app.interrupts import Interrupted, interrupt_outside_training
 from app.run_folder import CLAIMS, claim_from_argv
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -76,6 +77,8 @@ def main(dict_cfg: DictConfig) -> float | None:
     except RunInterrupted as err:
         # The checkpoint is saved and the main process logged how to resume: 130 (SIGINT) / 143 (SIGTERM).
         sys.exit(err.exit_code)
+    except Interrupted as err:
+        exit_interrupted(err)
     except ConfigError as err:
         fail(str(err))
     except WorkerFailed as err:
@@ -119,7 +122,20 @@ def hydra_record(dict_cfg: DictConfig) -> dict[str, str]:
             "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task)}
 
 
-if __name__ == "__main__":
+def exit_interrupted(err: Interrupted) -> NoReturn:
+    """A signal outside the training loop: one sentence (in the run's log too, once there is one),
+    then 130 (SIGINT) / 143 (SIGTERM)."""
+    if logging.getLogger().handlers:
+        log.warning("%s", err)
+    else:
+        print(err, file=sys.stderr)
+    # torch's default (WARNING) for its loggers, which an import cut short leaves unset: its exit
+    # hooks would log cache statistics at INFO after the sentence.
+    logging.getLogger("torch").setLevel(logging.WARNING)
+    sys.exit(err.exit_code)
+
+
+def cli() -> None:
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
         from app.help import app_help
 
@@ -150,3 +166,11 @@ if __name__ == "__main__":
         main()
     finally:
         CLAIMS.release_all()  # also when Hydra itself refuses the config
+
+
+if __name__ == "__main__":
+    interrupt_outside_training()  # from the first moment: Ctrl-C during start-up is no traceback
+    try:
+        cli()
+    except Interrupted as err:
+        exit_interrupted(err)

@@ -1,6 +1,8 @@
 """Ctrl-C and preemption: the first SIGINT or SIGTERM asks training to stop after the current optimizer
 step (the loop then saves a checkpoint and the run exits with 128 + the signal: 130 / 143); a second
-SIGINT exits at once, without a checkpoint.
+SIGINT exits at once, without a checkpoint. Outside the loop (setup: imports, data, process group,
+resume), the first signal stops the process where it is, with one sentence and the same exit status
+(:func:`interrupt_outside_training`).
 
 SLURM and Kubernetes send SIGTERM before killing; a terminal's Ctrl-C reaches every process of the
 job. When only the launcher is signalled (``python -m app hardware=multi_cpu`` started the workers),
@@ -40,6 +42,49 @@ class RunInterrupted(Exception):
     def __str__(self) -> str:
         return (f"interrupted ({signal_name(self.signum)}) at step {self.step}; resume with: "
                 f"python -m app resume={self.run_dir}")
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM outside the training loop (during setup: imports, data, process group,
+    resume): raised where the signal lands, so setup stops at once; the process exits with
+    ``exit_code`` and one sentence. A BaseException, like KeyboardInterrupt, so that no
+    ``except Exception`` takes it for a failure."""
+
+    def __init__(self, signum: int, stage: str = "before the first training step; nothing was trained or saved"):
+        super().__init__(signum, stage)
+        self.signum, self.stage = signum, stage
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted ({signal_name(self.signum)}) {self.stage}."
+
+
+def interrupt_outside_training() -> None:
+    """From now on, the first SIGINT or SIGTERM raises :class:`Interrupted` in the main thread and a
+    second SIGINT exits at once (KeyboardInterrupt's traceback, or SIGTERM's silent death, otherwise).
+    The training loop's :class:`StopSignals` replaces the handlers while it runs and gives them back.
+    A signal this process was started to ignore (``nohup``, a background job) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_interrupted)
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is _raise_interrupted:
+            signal.signal(sig, _exit_at_once)  # while the first one unwinds
+    raise Interrupted(signum)
+
+
+def _exit_at_once(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGINT:
+        os.write(2, b"\nsecond interrupt: exiting now\n")
+        os._exit(128 + signum)
 
 
 class StopSignals:

@@ -121,3 +121,87 @@ def test_a_signal_to_the_launcher_or_one_rank_stops_both_at_one_step_and_resumes
     run_app(*ENDLESS, *two, f"trainer.max_steps={target}", f"hydra.run.dir={reference}", cwd=tmp_path, check=True,
             timeout=120)
     assert (run / "model" / "model.safetensors").read_bytes() == (reference / "model" / "model.safetensors").read_bytes()
+
+
+def start_app(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    # Its own session, so that a signal can reach every process of the job, as a terminal's Ctrl-C does.
+    return subprocess.Popen([sys.executable, "-m", "app", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_complete_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    checkpoints = run / "checkpoints"
+    # A model large enough (4.3 M parameters, ~50 MB with Adam's state) that writing a checkpoint
+    # takes a while; one every 2 steps, so the interrupted write has a complete predecessor.
+    proc = start_app(*ENDLESS, "task.hidden_sizes=[2048,2048]", "checkpoint.every_n_steps=2", "checkpoint.total_limit=2",
+                     f"hydra.run.dir={run}")
+    deadline = time.monotonic() + 120
+    while not complete_checkpoints(checkpoints) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = {path.name for path, _ in complete_checkpoints(checkpoints)}
+    assert before, "no checkpoint was written"
+    proc.send_signal(signal.SIGINT)
+    writing = None
+    while writing is None and proc.poll() is None and time.monotonic() < deadline:
+        writing = next(checkpoints.glob(".tmp-checkpoint_*"), None)
+        if writing is not None:
+            proc.send_signal(signal.SIGSTOP)  # frozen in the middle of the write, whatever it was doing
+            if not writing.exists():
+                writing = None  # renamed into place meanwhile: wait for the next write
+                proc.send_signal(signal.SIGCONT)
+    assert writing is not None, "the process ended before a checkpoint write was seen"
+    in_place_when_stopped = {path.name for path, _ in complete_checkpoints(checkpoints)}
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "second interrupt: exiting now" in err and "Traceback" not in err
+    assert "resume with" not in out + err  # it did not wait for the checkpoint
+
+    # What is on disk: the checkpoints complete when it stopped, each still complete; the one being
+    # written never appears under a final name (at most its temporary folder is left).
+    final = {path.name for path in checkpoints.glob("checkpoint_*")}
+    assert final == {path.name for path, _ in complete_checkpoints(checkpoints)} == in_place_when_stopped
+    assert not (run / "model").exists()
+    newest = complete_checkpoints(checkpoints)[-1][1].step
+    run_app(f"resume={run}", f"trainer.max_steps={newest + 1}", cwd=tmp_path, check=True, timeout=120)
+    assert complete_checkpoints(checkpoints)[-1][1].step == newest + 1
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str) -> str:
+    assert proc.stdout is not None
+    seen = ""
+    while text not in seen:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    return seen
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_signal_during_setup_stops_with_one_sentence_and_changes_nothing(tmp_path):
+    run = tmp_path / "run"
+    run_app(*ENDLESS, "trainer.max_steps=4", "checkpoint.every_n_steps=2", f"hydra.run.dir={run}", cwd=tmp_path,
+            check=True, timeout=120)
+    before = {name: data for name, data in snapshot(run).items() if name != "app.log"}
+
+    # Resuming it: interrupted once the run folder is named, while torch is still being imported.
+    for sig, args in ((signal.SIGINT, ()), (signal.SIGTERM, ("hardware=multi_cpu", "hardware.num_processes=2"))):
+        proc = start_app(f"resume={run}", "trainer.max_steps=1000", *args)
+        said = wait_for_line(proc, "run folder")
+        os.killpg(proc.pid, sig)  # every process of the job, as a terminal or a container stop does
+        out, err = proc.communicate(timeout=120)
+        out = said + out
+        assert proc.returncode == 128 + sig, out[-2000:] + err[-3000:]
+        assert f"interrupted ({signal.Signals(sig).name}) before the first training step" in out + err
+        assert "Traceback" not in out + err and "error" not in (out + err).lower()
+        assert {name: data for name, data in snapshot(run).items() if name != "app.log"} == before

@@ -23,7 +23,7 @@ from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
 from app.engine.progress import human
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
 from app.engine.summary import model_summary
-from app.interrupts import RunInterrupted, StopSignals
+from app.interrupts import Interrupted, RunInterrupted, StopSignals
 from app.run_folder import write_hydra_record
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
         logging.getLogger().setLevel(logging.WARNING)
     stopper = build_early_stopping(cfg)
     state = LoopState()
+    trained = False
 
     def record(status: str, **extra: object) -> None:
         if accelerator.is_main_process:
@@ -95,6 +96,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision),
                  run_dir)
+        trained = True  # from here on, the run folder has this run's steps
         with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
                 profiling(cfg, accelerator, run_dir) as components.profiler:
             fit(components, cfg, state, stopper, checkpoints, interrupts)
@@ -119,6 +121,13 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
         raise  # refused input, reported as such: the run never started
     except RunInterrupted:
         record(INTERRUPTED)
+        raise
+    except Interrupted as err:
+        # A signal outside the loop (app.interrupts). During setup nothing is written: a resumed
+        # run's folder keeps the result of the segment it continues.
+        if trained:
+            err.stage = f"after training stopped at step {state.global_step}; its checkpoints are kept"
+            record(INTERRUPTED)
         raise
     except Exception as err:
         record(FAILED, error=f"{type(err).__name__}: {err}")

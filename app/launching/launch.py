@@ -18,7 +18,7 @@ from typing import Any
 
 from app.config import RunConfig
 from app.configure import validate
-from app.interrupts import RunInterrupted, StopSignals
+from app.interrupts import Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
 from app.launching.worker_errors import call_blaming_the_cause
 
@@ -104,15 +104,17 @@ def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None,
 
 
 def _interruptible(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, returning a RunInterrupted instead of raising it (it is not a failure)."""
+    """``fn(*args)``, returning a RunInterrupted or Interrupted instead of raising it (it is not a
+    failure); a signal during this rank's setup ends it the same way."""
+    interrupt_outside_training()
     try:
         return fn(*args)
-    except RunInterrupted as interrupted:
+    except (RunInterrupted, Interrupted) as interrupted:
         return interrupted
 
 
 def _reraise(result: Any) -> Any:
-    if isinstance(result, RunInterrupted):
+    if isinstance(result, (RunInterrupted, Interrupted)):
         raise result
     return result
 

@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
+import signal
 import socket
 import tempfile
 import uuid
@@ -101,6 +104,7 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
     pid_dir.mkdir()
     watchdog = Watchdog(Path(logs.name), pid_dir, grace_s=SHUTDOWN_GRACE_S)
     watchdog.start()
+    start_worker_server()  # when launch did not already
     try:
         return start_processes(
             _entry, (fn, args, str(pid_dir)), nprocs, start_method=_start_method(),
@@ -117,6 +121,8 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
         watchdog.stop()
         logs.cleanup()
 
+
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.glue_mrpc", "torch._dynamo"]
 """What the fork server imports once for all workers: the engine, the tasks (without their optional
@@ -140,16 +146,43 @@ def _start_method() -> str:
 def start_worker_server() -> None:
     """Start the fork server now (it lives as long as this process, one for all the jobs of a sweep):
     its imports then run on another core while this process validates the config and prepares the
-    launch, instead of after it."""
-    if _start_method() == "forkserver":
-        from multiprocessing import forkserver
+    launch, instead of after it.
 
-        forkserver.ensure_running()
+    It starts with SIGINT and SIGTERM blocked: a Ctrl-C reaches every process of the terminal's
+    group, and a fork server stopped in its imports would print a traceback and fail the launch.
+    Blocked, not ignored, so that one arriving meanwhile still reaches this process once the server
+    is started; the workers inherit the mask and unblock them (``_entry``)."""
+    if _start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    resource_tracker.ensure_running()  # started by the fork server otherwise, and it unblocks both after
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        forkserver.ensure_running()  # the signal mask is kept across fork and exec
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    atexit.unregister(_stop_worker_server)
+    atexit.register(_stop_worker_server)
+
+
+def _stop_worker_server() -> None:
+    """At exit, end the fork server at once: one still importing (the config was refused, or a signal
+    stopped the launch) would otherwise run on for seconds, holding the terminal's output. (It
+    serves no one any more; its workers have ended, and it blocks SIGTERM: SIGKILL.)"""
+    from multiprocessing import forkserver
+
+    pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)  # private, hence getattr
+    if pid:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = None) -> Any:
     """What each launched process runs. The launcher wraps it in ``record``, which writes an
     exception's traceback to the error file the parent reads (``worker_failure``)."""
+    # The fork server blocks them (start_worker_server): a worker reacts like any Python process.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
