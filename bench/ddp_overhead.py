@@ -21,6 +21,7 @@
    pass keeping the gathered logits on every rank (what the engine did before).
 
     python bench/ddp_overhead.py [--rounds 21] [--epochs 1] [--batch-size 32] [--big-rounds 5] [--big-steps 5]
+                                 [--overhead-only]
 """
 
 from __future__ import annotations
@@ -295,6 +296,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--big-rounds", type=int, default=5)
     parser.add_argument("--big-steps", type=int, default=5)
+    parser.add_argument("--overhead-only", action="store_true", help="part 1 only (the per-step overhead)")
     args = parser.parse_args()
 
     from app.launching.processes import run_on_processes
@@ -313,6 +315,8 @@ def main() -> None:
         paired = statistics.median(o[i] / p[i] for o, p in zip(times["ours"], times["plain"]))
         print(f"  {clock:>4}: plain DDP {plain_ms:.3f} ms, ours {ours_ms:.3f} ms; ratio of medians "
               f"{ours_ms / plain_ms:.3f}, median of paired ratios {paired:.3f} (target <= 1.01)")
+    if args.overhead_only:
+        return
 
     one_all, one_single, two = [], [], []
     for _ in range(args.big_rounds):
