@@ -7,7 +7,8 @@ resume), the first signal stops the process where it is, with one sentence and t
 SLURM and Kubernetes send SIGTERM before killing; a terminal's Ctrl-C reaches every process of the
 job. When only the launcher is signalled (``python -m app hardware=multi_cpu`` started the workers),
 it writes the signal into a *stop file* the workers look at after every step. The ranks agree on the
-step to stop at through the loop's trigger (one tiny all-reduce per step on several processes).
+step to stop at through the backend's step flag (``app/distributed/step_flags.py``: an asynchronous
+host all-reduce per step, read one step later).
 
 Torch-free: the launcher uses it before any heavy import.
 """

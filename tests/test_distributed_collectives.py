@@ -108,6 +108,12 @@ def api_worker(tmp: str) -> dict[str, Any]:
             seen.append(step)
     out["trigger_steps"] = seen
 
+    # The loop's per-step stop flag (asynchronous, read one step late): raised on rank 0 only at step 2,
+    # every rank learns it at step 3; a flag never raised never reads True.
+    flag = acc.backend.step_flag()
+    out["flag_steps"] = [step for step in range(6) if flag.post(rank == 0 and step == 2)]
+    flag.close()
+
     out.update(_data_checks(acc, rank))
     acc.end_training()
     return out
@@ -220,6 +226,10 @@ def test_trigger_on_one_rank_stops_both_on_the_same_step(results: dict[str, Any]
 
 
 @pytest.mark.timeout(120)
+def test_the_step_flag_is_seen_by_every_rank_at_the_same_later_step(results: dict[str, Any]) -> None:
+    assert results["r0"]["flag_steps"] == results["r1"]["flag_steps"] == [3]
+
+
 def test_sharding_follows_the_global_order(results: dict[str, Any]) -> None:
     r0, r1 = results["r0"], results["r1"]
     assert r0["shard_len"] == r1["shard_len"] == 4  # ceil(20 / (2 * 3)) global steps

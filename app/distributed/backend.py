@@ -20,6 +20,7 @@ from torch import nn
 
 from app.distributed.checkpoint.io import CheckpointIO, FullStateIO
 from app.distributed.hardware.device import CPU, DeviceOps
+from app.distributed.step_flags import StepFlag, SyncFlag
 
 
 class Backend:
@@ -112,6 +113,14 @@ class Backend:
 
     def barrier(self) -> None:
         pass
+
+    def step_flag(self) -> StepFlag:
+        """A per-step "did any process raise it?" (``app/distributed/step_flags.py``): here one blocking
+        all-reduce per step; the torch.distributed backends answer one step later, without a wait."""
+        def any_raised(raised: bool) -> bool:
+            return float(self.all_reduce(torch.tensor([float(raised)], device=self.device), "max").item()) > 0
+
+        return SyncFlag(any_raised)
 
     # -- device operations (see app/distributed/hardware/device.py) ----------------------------------------
     def step_end(self) -> None:

@@ -184,8 +184,9 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
     t = cfg.trainer
     eval_every, log_every, max_grad_norm = t.eval_every_n_steps, t.log_every_n_steps, t.max_grad_norm
     global_batch = c.train_loader.batch_size * acc.num_processes
-    # A signal may reach one process only: on several, they agree after every step (one tiny all-reduce).
-    agree_each_step = interrupts is not None and acc.num_processes > 1
+    # A signal may reach one process only: on several, they agree after every step, one step late (an
+    # asynchronous host all-reduce, read at the next step: no wait, no device sync).
+    signals_seen = acc.backend.step_flag() if interrupts is not None and acc.num_processes > 1 else None
     batches_per_epoch = len(c.train_loader)
     # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
@@ -258,11 +259,14 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
 
             checkpoints.on_step_end(state, metrics)
 
-            if interrupts is not None and interrupts.received is not None and state.stop_reason is None:
+            if signals_seen is not None:
+                if signals_seen.post(interrupts is not None and interrupts.received is not None):
+                    state.stop_reason = state.stop_reason or "interrupted"
+                    break
+            elif interrupts is not None and interrupts.received is not None and state.stop_reason is None:
                 state.stop_reason = "interrupted"
-                acc.set_trigger()
-                decision_point = True
-            if (decision_point or agree_each_step) and acc.check_trigger():
+                break
+            if decision_point and acc.check_trigger():
                 state.stop_reason = state.stop_reason or "stop requested by another process"
                 break
             if state.global_step >= total_steps:
@@ -279,6 +283,8 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
         if state.stop_reason is None and state.global_step >= total_steps:
             state.stop_reason = f"reached {total_steps} optimizer steps"
 
+    if signals_seen is not None:
+        signals_seen.close()  # the last step's flag (a signal then is read by fit's final agreement)
     if state.stop_reason is None:
         state.stop_reason = (f"reached {total_steps} optimizer steps" if state.global_step >= total_steps
                              else f"reached {t.max_epochs} epochs")
