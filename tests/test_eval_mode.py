@@ -4,6 +4,7 @@ set, on 1 and 2 processes, with nothing of the trained run touched."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +40,38 @@ def test_eval_mode_measures_the_saved_weights_and_touches_nothing(tmp_path):
 def test_eval_mode_without_weights_is_one_sentence(tmp_path):
     proc = run_app("mode=eval", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "mode=eval needs the weights to evaluate" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_eval_mode_reads_an_fsdp_checkpoint_and_a_sharded_export_on_one_process(tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from app.distributed.checkpoint.export import write_weights
+
+    fixture = Path(__file__).parent / "fixtures" / "checkpoints_9b0b569" / "fsdp"
+    trained = tmp_path / "trained"
+    shutil.copytree(fixture, trained)
+    expected = json.loads((trained / "model" / "export.json").read_text())["metric"]["value"]
+    # The exported weights again, as two shards and model.safetensors.index.json (save_model's layout
+    # for a large model, and transformers').
+    weights = load_file(trained / "model" / "model.safetensors")
+    names = sorted(weights)
+    sharded = trained / "sharded"
+    sharded.mkdir()
+    write_weights(sharded, [{k: weights[k] for k in names[:2]}, {k: weights[k] for k in names[2:]}], safe=True,
+                  each_file_atomic=False)
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    before = snapshot(trained)
+
+    # FSDP2's per-rank weight shards in a checkpoint, and the sharded export, each on one process
+    # (hardware=cpu leaves the trained run's hardware.num_processes=2 behind).
+    for source in (trained / "checkpoints" / "checkpoint_1", sharded):
+        out = tmp_path / f"eval-{source.name}"
+        proc = run_app("mode=eval", f"resume={source}", "hardware=cpu", f"hydra.run.dir={out}", cwd=tmp_path,
+                       timeout=200)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        measured = json.loads((out / "eval_metrics.json").read_text())["metrics"]
+        assert measured["eval/accuracy"] == pytest.approx(expected, abs=1e-7), source
+    assert snapshot(trained) == before

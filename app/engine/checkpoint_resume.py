@@ -7,5 +7,7 @@ from pathlib import Path
 
 
 def is_model_folder(path: Path) -> bool:
-    """An exported model (``<run folder>/model/``), not a checkpoint."""
-    return (path / "model.safetensors").is_file() and not (path / "manifest.json").exists()
+    """An exported model (``<run folder>/model/``, or ``Accelerator.save_model``'s folder, its weights
+    in one file or in shards with an index), not a checkpoint."""
+    return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file())
+            and not (path / "manifest.json").exists())

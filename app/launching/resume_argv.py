@@ -2,7 +2,8 @@
 
 Run by ``app.__main__`` on the raw command line. When it names a checkpoint, a ``checkpoints/``
 folder or a run folder, the arguments become: the original run's overrides (from its
-``.hydra/overrides.yaml``, minus any key given again now), then the new ones (which win), then
+``.hydra/overrides.yaml``, minus any key given again now and the keys inside a group chosen again),
+then the new ones (which win), then
 ``hydra.run.dir=<original run folder>``. The resumed run so logs into the same folder, continues the
 checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it.
 
@@ -10,8 +11,8 @@ With ``mode=eval`` the path may also be an exported ``model/`` folder, and no ``
 added: the evaluation gets a new run folder.
 
 Left alone: no ``resume=``, ``resume=auto`` (the run folder is whatever ``hydra.run.dir`` says;
-pass the same ``hydra.run.dir`` as the interrupted run), an explicit ``hydra.run.dir`` (resume the
-weights into another folder), and multirun sweeps. A path without a checkpoint fails here, with one
+pass the same ``hydra.run.dir`` as the interrupted run), an explicit ``hydra.run.dir`` when training
+(resume the weights into another folder), and multirun sweeps. A path without a checkpoint fails here, with one
 sentence, before any folder is created; the files are hashed later, by the run itself.
 """
 
@@ -40,21 +41,26 @@ def argv_for_resume(argv: list[str]) -> list[str]:
     overrides = [arg for arg in argv if not arg.startswith("-")]
     given = {override_key(arg) for arg in overrides}
     resume = [arg.split("=", 1)[1] for arg in overrides if override_key(arg) == "resume" and "=" in arg]
-    if not resume or "hydra.run.dir" in given or any(arg in ("-m", "--multirun") for arg in argv):
+    # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched),
+    # wherever hydra.run.dir puts it.
+    evaluating = any(override_key(arg) == "mode" and unquote(arg.split("=", 1)[1]) == "eval"
+                     for arg in overrides if "=" in arg)
+    if (not resume or ("hydra.run.dir" in given and not evaluating)
+            or any(arg in ("-m", "--multirun") for arg in argv)):
         return argv
     value = unquote(resume[-1])
     if value in ("auto", "null", "None", ""):
         return argv
     from app.distributed.checkpoint.store import find_checkpoint, run_folder_of
 
-    # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched).
-    evaluating = any(override_key(arg) == "mode" and unquote(arg.split("=", 1)[1]) == "eval"
-                     for arg in overrides if "=" in arg)
     if evaluating and is_model_folder(Path(value)):
         run_folder = Path(value).parent
     else:
         run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
+    # A group chosen anew (hardware=cpu) starts from that option's defaults: the earlier run's keys
+    # inside the group (hardware.num_processes=2) are left behind with its earlier option.
+    regrouped = {key for key in given if "." not in key}
     earlier = [arg for arg in original_overrides(run_folder)
                if override_key(arg) not in given and override_key(arg) not in ("resume", "overwrite", "mode")
-               and not override_key(arg).startswith("hydra")]
+               and not override_key(arg).startswith("hydra") and override_key(arg).split(".")[0] not in regrouped]
     return earlier + argv + ([] if evaluating else [f"hydra.run.dir={quote(str(run_folder))}"])

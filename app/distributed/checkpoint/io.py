@@ -27,6 +27,7 @@ from app.distributed.checkpoint.format import WrittenFile, dedupe_shared, write_
 from app.distributed.checkpoint.layouts import (
     by_parameter_index,
     check_compatible,
+    full_model_files,
     keep_implementation,
     read_full_model_state,
     read_sharded_model_state,
@@ -82,7 +83,7 @@ class FullStateIO:
         inner = self.backend.unwrap_model(model)
         path = folder / f"{name}.safetensors"
         listed = listed_files(folder)
-        if path.name in listed if listed is not None else path.is_file():
+        if full_model_files(folder, name, listed):
             state = read_full_model_state(folder, name)
             check_compatible(inner.state_dict(), state, path)
         elif lists_folder(folder, name) if listed is not None else (folder / name).is_dir():

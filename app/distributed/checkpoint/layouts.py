@@ -27,10 +27,35 @@ from app.distributed.checkpoint.format import read_safetensors
 # -- model weights --------------------------------------------------------------------------------
 
 
+def full_model_files(folder: Path, name: str, listed: set[str] | None = None) -> list[str]:
+    """The files holding the full weights ``name`` in ``folder``: ``<name>.safetensors``, or the shards
+    that ``<name>.safetensors.index.json`` maps (an export with ``max_shard_size``, as transformers
+    writes them); empty when there are none. ``listed``: a checkpoint's manifest files (else the disk)."""
+    def present(file: str) -> bool:
+        return file in listed if listed is not None else (folder / file).is_file()
+
+    if present(f"{name}.safetensors"):
+        return [f"{name}.safetensors"]
+    index = f"{name}.safetensors.index.json"
+    if not present(index):
+        return []
+    try:
+        weight_map = json.loads((folder / index).read_text())["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{folder / index} is not a readable index of weight shards ({err}).") from None
+    if missing := [shard for shard in shards if "/" in shard or not present(shard)]:
+        raise CheckpointError(f"{folder / index} names {missing[0]}, which is not a file beside it.")
+    return shards
+
+
 def read_full_model_state(folder: Path, name: str) -> dict[str, torch.Tensor]:
-    tensors, metadata = read_safetensors(folder / f"{name}.safetensors")
-    for alias, original in json.loads(metadata.get("aliases", "{}")).items():
-        tensors[alias] = tensors[original]
+    tensors: dict[str, torch.Tensor] = {}
+    for file in full_model_files(folder, name) or [f"{name}.safetensors"]:
+        shard, metadata = read_safetensors(folder / file)
+        for alias, original in json.loads(metadata.get("aliases", "{}")).items():
+            shard[alias] = shard[original]
+        tensors.update(shard)
     return tensors
 
 

@@ -22,6 +22,7 @@ from app.distributed.checkpoint.format import WrittenFile, write_state
 from app.distributed.checkpoint.layouts import (
     by_parameter_name,
     check_compatible,
+    full_model_files,
     read_full_model_state,
     sharded_shapes,
 )
@@ -75,7 +76,7 @@ class ShardedStateIO:
             set_model_state_dict(model, state)
             return
         path = folder / f"{name}.safetensors"
-        if not (path.name in listed if listed is not None else path.is_file()):
+        if not full_model_files(folder, name, listed):
             raise CheckpointError(f"{folder} has neither {name}/ shards nor {path.name}.")
         full: dict[str, torch.Tensor] = {}
         expected = self.backend.full_state_dict(model)  # a collective: the full shapes, on rank 0
