@@ -8,6 +8,10 @@ same invocation (interleaved rounds, medians), so the machine's load affects eve
 
 Targets (issue 16): refused config <= 1.0x the bare import, first step <= 2x on 1 process, <= 3x on 2.
 
+A reference row, ``plain torch step``, is the floor any PyTorch training pays before its first step:
+``import torch``, an AdamW step on a small Linear, exit. torch.optim imports ``torch._dynamo`` (about
+as long as torch itself) when an optimizer is made and at its first step, compiled or not.
+
     python bench/startup.py [--rounds 3]
 """
 
@@ -26,6 +30,9 @@ REPO = Path(__file__).resolve().parents[1]
 ONE_STEP = ("trainer.max_epochs=-1", "trainer.max_steps=1", "trainer.limit_eval_batches=1",
             "checkpoint.every_epoch=false", "checkpoint.save_final_model=false", "logging.trackers=[]",
             "logging.print_config=false", "logging.progress_bar=false")
+
+PLAIN_STEP = ("import torch; m = torch.nn.Linear(64, 10); o = torch.optim.AdamW(m.parameters()); "
+              "m(torch.randn(32, 64)).sum().backward(); o.step()")
 
 
 def timed(args: list[str], cwd: Path, expect: int = 0) -> tuple[float, float | None]:
@@ -49,12 +56,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     rounds = parser.parse_args().rounds
-    times: dict[str, list[float]] = {k: [] for k in ("import torch", "refused config", "first line",
-                                                      "1 process", "2 processes")}
+    times: dict[str, list[float]] = {k: [] for k in ("import torch", "plain torch step", "refused config",
+                                                      "first line", "1 process", "2 processes")}
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         for r in range(rounds):
             times["import torch"].append(timed(["-c", "import torch"], cwd)[0])
+            times["plain torch step"].append(timed(["-c", PLAIN_STEP], cwd)[0])
             times["refused config"].append(
                 timed(["-m", "app", "trainer.batch_size=0", f"hydra.run.dir={cwd}/bad{r}"], cwd, expect=2)[0])
             total, first = timed(["-m", "app", *ONE_STEP, f"hydra.run.dir={cwd}/one{r}"], cwd)
