@@ -152,6 +152,8 @@ def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_com
             if not writing.exists():
                 writing = None  # renamed into place meanwhile: wait for the next write
                 proc.send_signal(signal.SIGCONT)
+        else:
+            time.sleep(0.002)  # a write of ~50 MB with fsync lasts far longer
     assert writing is not None, "the process ended before a checkpoint write was seen"
     in_place_when_stopped = {path.name for path, _ in complete_checkpoints(checkpoints)}
     proc.send_signal(signal.SIGINT)
