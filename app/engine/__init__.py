@@ -7,6 +7,6 @@ predictions. ``checkpoint.py`` is the checkpoint *policy* (when to save, what to
 ``resume=`` means, which weights are exported); how checkpoints are written and read lives in
 ``app/distributed/checkpoint/``, and how processes are started in ``app/launching/``.
 
-The engine never names a device type or a collective library and imports no ``torch.distributed``,
-``torch_xla`` or ``torch.cuda`` (``tests/test_import_graph.py``, ``tests/test_hardware.py``).
+The engine never names a device type or a collective library, and imports nothing specific to one
+(``tests/test_engine.py``, ``tests/test_import_graph.py``): that is the runtime's business.
 """
