@@ -312,6 +312,16 @@ def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -
 _END = object()
 
 
+def with_last_flag(items: Iterator[Any]) -> Iterator[tuple[Any, bool]]:
+    """Each item with whether it is the last: the next item is fetched before this one is handed
+    out, so a loader knows at its final batch (when gradients must synchronise) that the pass ends."""
+    current = next(items, _END)
+    while current is not _END:
+        upcoming = next(items, _END)
+        yield current, upcoming is _END
+        current = upcoming
+
+
 class DataLoaderShard:
     """Iterates this rank's batches, on the device, marking the last batch of the epoch.
 
@@ -374,15 +384,12 @@ class DataLoaderShard:
         place = self._place
         self.gradient_state.active.append(self)
         try:
-            current = next(iterator, _END)
-            while current is not _END:
-                upcoming = next(iterator, _END)
-                if upcoming is _END:
+            for batch, last in with_last_flag(iterator):
+                if last:
                     self.end_of_dataloader = True
                     self.remainder = self.batch_sampler.last_step_remainder()
                 self.position += 1
-                yield place(current) if place is not None else current
-                current = upcoming
+                yield place(batch) if place is not None else batch
             # A finished pass leaves nothing to skip, and the next pass is the next epoch (a shuffled
             # loader reshuffles without set_epoch; set_epoch still picks an epoch explicitly).
             self.position = 0

@@ -21,9 +21,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from app.distributed.backend import Backend
-from app.distributed.data import GradientState, send_to_device
-
-_END = object()
+from app.distributed.data import GradientState, send_to_device, with_last_flag
 
 
 def _item(x: Any) -> Any:
@@ -120,15 +118,12 @@ class IterableDataLoaderShard:
         batches = self._batches()
         self.gradient_state.active.append(self)
         try:
-            current = next(batches, _END)
-            while current is not _END:
-                upcoming = next(batches, _END)
-                if upcoming is _END:
+            for (batch, real), last in with_last_flag(batches):
+                if last:
                     self.end_of_dataloader = True
-                    self.remainder = current[1]  # type: ignore[index]
+                    self.remainder = real
                 self.position += 1
-                yield send_to_device(current[0], self.device)  # type: ignore[index]
-                current = upcoming
+                yield send_to_device(batch, self.device)
             self.position = 0
             self.set_epoch(self.epoch + 1)
         finally:
