@@ -232,28 +232,30 @@ def unlisted_files(folder: Path) -> list[str]:
 def complete_checkpoints(root: Path) -> list[tuple[Path, Manifest]]:
     """``checkpoint_<N>`` folders whose manifest parses and names them, oldest save first."""
     found = []
-    try:
-        entries = list(root.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        match = _NAME.fullmatch(entry.name)
-        if not match or entry.is_symlink() or not entry.is_dir():
+    for entry, number in _numbered_entries(root):
+        if entry.is_symlink() or not entry.is_dir():
             continue
         manifest = read_manifest(entry)
-        if manifest is not None and manifest.save_number == int(match.group(1)):
+        if manifest is not None and manifest.save_number == number:
             found.append((entry, manifest))
     return sorted(found, key=lambda item: item[1].save_number)
+
+
+def _numbered_entries(root: Path) -> list[tuple[Path, int]]:
+    """The ``checkpoint_<N>`` entries of ``root`` (of any kind) with their N, in name order; none when
+    ``root`` cannot be listed."""
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return []
+    return [(entry, int(match.group(1))) for entry in entries if (match := _NAME.fullmatch(entry.name))]
 
 
 def next_save_number(root: Path) -> int:
     """One more than any save recorded in a manifest, and than any ``checkpoint_<N>`` name already
     taken (so numbering continues across resumes and never lands on an existing folder)."""
     numbers = [m.save_number for _, m in complete_checkpoints(root)]
-    try:
-        numbers += [int(m.group(1)) for e in root.iterdir() if (m := _NAME.fullmatch(e.name))]
-    except OSError:
-        pass
+    numbers += [number for _, number in _numbered_entries(root)]
     return max(numbers, default=-1) + 1
 
 
@@ -411,13 +413,8 @@ def _unusable_names(root: Path, newer_than: int) -> list[tuple[Path, str]]:
     """``checkpoint_<N>`` entries newer than ``newer_than`` that are not checkpoints at all (a
     symlink, no or a broken manifest), with the reason: a resume that passes over them says so."""
     found = []
-    try:
-        entries = sorted(root.iterdir())
-    except OSError:
-        return []
-    for entry in entries:
-        match = _NAME.fullmatch(entry.name)
-        if not match or int(match.group(1)) <= newer_than:
+    for entry, number in sorted(_numbered_entries(root), key=lambda item: item[1]):
+        if number <= newer_than:
             continue
         if entry.is_symlink():
             found.append((entry, "it is a symlink (symlinks inside checkpoints are refused)"))
@@ -425,9 +422,9 @@ def _unusable_names(root: Path, newer_than: int) -> list[tuple[Path, str]]:
             manifest = read_manifest(entry)
             if manifest is None:
                 found.append((entry, "its manifest.json is missing, truncated or unreadable"))
-            elif manifest.save_number != int(match.group(1)):
-                found.append((entry, f"its manifest records save {manifest.save_number}, not {match.group(1)}"))
-    return sorted(found, key=lambda item: int(item[0].name.rsplit("_", 1)[1]))
+            elif manifest.save_number != number:
+                found.append((entry, f"its manifest records save {manifest.save_number}, not {entry.name.removeprefix('checkpoint_')}"))
+    return found
 
 
 def find_checkpoint(path: Path, deep: bool = True, warn: bool = True) -> Path:
