@@ -252,11 +252,10 @@ def _numbered_entries(root: Path) -> list[tuple[Path, int]]:
 
 
 def next_save_number(root: Path) -> int:
-    """One more than any save recorded in a manifest, and than any ``checkpoint_<N>`` name already
-    taken (so numbering continues across resumes and never lands on an existing folder)."""
-    numbers = [m.save_number for _, m in complete_checkpoints(root)]
-    numbers += [number for _, number in _numbered_entries(root)]
-    return max(numbers, default=-1) + 1
+    """One more than any ``checkpoint_<N>`` name already taken, complete or not (so numbering continues
+    across resumes and never lands on an existing folder). A complete checkpoint's manifest records
+    the N of its name, so reading manifests could add no larger number."""
+    return max((number for _, number in _numbered_entries(root)), default=-1) + 1
 
 
 def temporary_folder(root: Path, save_number: int) -> Path:
