@@ -227,6 +227,37 @@ def test_dynamic_padding_pads_to_longest_in_batch(make_cfg):
     assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [r["labels"] for r in rows]
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("fixed_length", [None, 64])
+def test_collator_gives_what_transformers_collator_gives(make_cfg, side, fixed_length):
+    """Our numpy padding (the fast path) against DataCollatorWithPadding, the reference it replaces:
+    the same keys, dtypes and values, for both views of symmetric evaluation rows; a row with a column
+    the fast path does not know goes through the reference itself."""
+    from transformers import DataCollatorWithPadding
+
+    from app.tasks.glue.batches import PaddingCollator, split_swapped
+
+    task = GlueMrpcTask(make_cfg(max_length=64, symmetric_eval=True))
+    data = task.build_data(FakeRuntime())
+    task.tokenizer.padding_side = side
+    padding = {"padding": "longest"} if fixed_length is None else {"padding": "max_length", "max_length": fixed_length}
+    reference = DataCollatorWithPadding(task.tokenizer, return_tensors="pt", **padding)
+    ours = PaddingCollator(task.tokenizer, fixed_length)
+    rows = [data.eval[i] for i in range(8)]
+    assert len({len(r["input_ids"]) for r in rows}) > 1  # there is something to pad
+    plain, swapped = (list(view) for view in zip(*(split_swapped(r) for r in rows)))
+    expected = {**reference(plain), **{"swapped_" + k: v for k, v in reference(swapped).items()}}
+    batch = ours(rows)
+    assert list(batch) == list(expected)
+    for key, tensor in expected.items():
+        assert batch[key].dtype == tensor.dtype and torch.equal(batch[key], tensor), key
+    with_extra = [{**r, "special_tokens_mask": [0] * len(r["input_ids"]), "idx": i}
+                  for i, r in enumerate(plain)]
+    slow = ours(with_extra)
+    for key, tensor in reference(with_extra).items():
+        assert torch.equal(slow[key], tensor), key
+
+
 def test_swap_pairs_adds_every_training_pair_in_the_other_order(make_cfg):
     plain = GlueMrpcTask(make_cfg(max_length=128)).build_data(FakeRuntime())
     task = GlueMrpcTask(make_cfg(max_length=128, swap_pairs=True))

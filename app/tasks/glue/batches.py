@@ -7,8 +7,10 @@ and ``GlueTask.predict`` scores both and averages them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -41,12 +43,21 @@ class PaddingCollator:
     are padded on their own.
 
     Returns a plain dict of tensors: BatchEncoding is not a dict subclass, and the engine moves
-    batches to devices by walking dicts.
+    batches to devices by walking dicts. The tensors are those Transformers' ``DataCollatorWithPadding``
+    returns (same keys, values and dtypes: a test compares them); rows of the usual columns are padded
+    with numpy, ~8x faster than ``tokenizer.pad`` (which rebuilds each row through ``BatchEncoding``:
+    ~2 ms per 64 rows, a quarter of the tiny model's evaluation), anything else by that collator.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, fixed_length: int | None = None):
         from transformers import DataCollatorWithPadding
 
+        self.fixed_length = fixed_length
+        self.left = tokenizer.padding_side == "left"
+        # What tokenizer.pad fills each column with; a row with another column takes the slow path.
+        self.pad_values = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id,
+                           "attention_mask": 0, "special_tokens_mask": 1}
+        self.makes_attention_mask = "attention_mask" in tokenizer.model_input_names
         if fixed_length is None:
             self._pad = DataCollatorWithPadding(tokenizer, padding="longest", return_tensors="pt")
         else:
@@ -55,8 +66,34 @@ class PaddingCollator:
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         if SWAPPED + "input_ids" not in rows[0]:
-            return dict(self._pad(rows))
+            return self.pad(rows)
         plain, swapped = zip(*(split_swapped(row) for row in rows))
-        batch = dict(self._pad(list(plain)))
-        batch.update({SWAPPED + k: v for k, v in self._pad(list(swapped)).items()})
+        batch = self.pad(list(plain))
+        batch.update({SWAPPED + k: v for k, v in self.pad(list(swapped)).items()})
+        return batch
+
+    def pad(self, rows: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """One view's rows as padded tensors."""
+        columns = rows[0].keys()
+        sequences = [k for k in columns if k != "labels"]
+        longest = max(len(row["input_ids"]) for row in rows)
+        length = longest if self.fixed_length is None else self.fixed_length
+        fast = (self.pad_values["input_ids"] is not None and longest <= length
+                and all(k in self.pad_values for k in sequences)
+                and ("attention_mask" in columns or not self.makes_attention_mask)
+                and ("labels" not in columns or isinstance(rows[0]["labels"], int)))
+        if not fast:
+            return dict(self._pad(list(rows)))
+        batch = {}
+        for key in sequences:
+            padded = np.full((len(rows), length), self.pad_values[key], dtype=np.int64)
+            for i, row in enumerate(rows):
+                values = row[key]
+                if self.left:
+                    padded[i, length - len(values):] = values
+                else:
+                    padded[i, :len(values)] = values
+            batch[key] = torch.from_numpy(padded)
+        if "labels" in columns:
+            batch["labels"] = torch.tensor([row["labels"] for row in rows])
         return batch
