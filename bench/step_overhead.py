@@ -8,9 +8,10 @@ parameter groups: no decay on biases), a constant LR schedule stepped every step
 fp32, no accumulation, ``zero_grad(set_to_none=True)``, one CPU thread, and one host read of the loss
 every 10 steps (the engine logs it that often; the plain loops read it too, and never sync otherwise).
 
-Runs are interleaved (plain, runtime, engine, plain, ...) and timed in process CPU time (a noisy
-neighbour on a shared VM steals wall time, not CPU time); each variant's per-step time is the
-median over rounds, so drift in machine load affects all variants alike. Prints the ratios.
+Runs are interleaved (plain, runtime, engine, plain again, plain, ...) and timed in process CPU time
+(a noisy neighbour on a shared VM steals wall time, not CPU time); each variant's per-step time is
+the median over rounds, so drift in machine load affects all variants alike. Prints the ratios, and
+the plain loop's second run against its first: the noise floor of those ratios.
 
 ``--count-bytecodes`` counts instead the Python bytecodes each variant executes per optimizer step
 (``sys.settrace`` opcode events; a run of 3 epochs minus a run of 1, so setup cancels; evaluation
@@ -25,12 +26,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
+
+# numpy's OpenBLAS keeps a thread spinning for a while after any BLAS call (here: while the data is
+# loaded); its CPU time is this process's, so it would land in whichever loop runs then. The loops
+# themselves use torch's own BLAS, on one thread.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch
 from baseline import LOG_EVERY, EpochOrder, adamw, digits_data
@@ -258,6 +265,9 @@ def main() -> None:
         return
     for fn in variants.values():  # warm-up: imports, allocator, first-call costs
         fn(data, args.batch_size, 1)
+    # The plain loop once more, last in each round: its ratio to the first is this measurement's
+    # noise floor (what a ratio reads when nothing differs), printed beside the others.
+    variants["plain again"] = plain_loop
     per_step: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, fn in variants.items():
@@ -269,8 +279,9 @@ def main() -> None:
     paired = {name: statistics.median(a / b for a, b in zip(per_step[name], per_step["plain"])) for name in variants}
     print(f"MLP 64-128-64-10, digits, batch {args.batch_size}, 1 thread, {args.rounds} rounds x {args.epochs} epochs")
     for name in variants:
-        print(f"  {name:8s} {med[name] * 1e6:8.1f} us/step (median)   ratio to plain: "
-              f"{med[name] / med['plain']:.3f} of medians, {paired[name]:.3f} median of paired rounds")
+        print(f"  {name:11s} {med[name] * 1e6:8.1f} us/step (median)   ratio to plain: "
+              f"{med[name] / med['plain']:.3f} of medians, {paired[name]:.3f} median of paired rounds"
+              + ("   <- the noise floor: the same loop twice" if name == "plain again" else ""))
 
 
 if __name__ == "__main__":
