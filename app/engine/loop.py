@@ -184,9 +184,10 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
     t = cfg.trainer
     eval_every, log_every, max_grad_norm = t.eval_every_n_steps, t.log_every_n_steps, t.max_grad_norm
     global_batch = c.train_loader.batch_size * acc.num_processes
+    several_processes = acc.num_processes > 1
     # A signal may reach one process only: on several, they agree after every step, one step late (an
     # asynchronous host all-reduce, read at the next step: no wait, no device sync).
-    signals_seen = acc.backend.step_flag() if interrupts is not None and acc.num_processes > 1 else None
+    signals_seen = acc.backend.step_flag() if interrupts is not None and several_processes else None
     batches_per_epoch = len(c.train_loader)
     # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
@@ -237,8 +238,10 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
 
             if state.global_step % log_every == 0:
                 decision_point = True
-                # Divided on the host: one tensor op fewer in a step that runs with cold caches.
-                loss = acc.reduce(running_loss, reduction="mean").item() / state.loss_batches
+                # Divided on the host, and reduced only when there is more than one process: this step
+                # runs with cold caches, where each tensor op and call costs several times its warm price.
+                summed = acc.reduce(running_loss, reduction="mean") if several_processes else running_loss
+                loss = summed.item() / state.loss_batches
                 elapsed = time.perf_counter() - window_start
                 train_metrics = {
                     "train/loss": loss,
