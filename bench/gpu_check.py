@@ -4,7 +4,8 @@ one GPU); prints one line per figure.
 
 Step time. An MLP (4096-4096-4096-4096-10, batch 256) trained for ``--steps`` steps after warm-up,
 wall clock with ``torch.cuda.synchronize`` at both ends, three variants interleaved over
-``--rounds`` rounds, medians and median of paired ratios:
+``--rounds`` rounds, medians and median of paired ratios; and each variant's CUDA peak
+(``torch.cuda.max_memory_allocated``, reset before each run):
 - plain: the best hand-written loop — ``torch.autocast("cuda", dtype)``, for fp16 torch's
   ``GradScaler`` (scale, backward, unscale, clip, step, update), fused AdamW, ``zero_grad(set_to_
   none=True)``, no host sync per step (the loss is read every 10 steps);
@@ -19,6 +20,7 @@ Held equal: model and initialisation, data and order (``bench/baseline.py``), fu
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -167,17 +169,22 @@ def steps_check(steps: int, rounds: int) -> None:
         for fn in variants.values():
             fn(make_data(2 * warmup), precision, warmup)  # warm-up: kernels, allocator, cuBLAS handles
         times: dict[str, list[float]] = {k: [] for k in variants}
+        peaks: dict[str, int] = dict.fromkeys(variants, 0)
         for r in range(rounds):
             order = list(variants) if r % 2 == 0 else list(reversed(variants))
             for key in order:
+                gc.collect()  # the previous variant's model and optimizer state gone before measuring
+                torch.cuda.reset_peak_memory_stats()
                 times[key].append(variants[key](data, precision, warmup))
+                peaks[key] = max(peaks[key], torch.cuda.max_memory_allocated())
         med = {k: statistics.median(v) for k, v in times.items()}
         for key in ("runtime", "engine"):
             paired = statistics.median(a / b for a, b in zip(times[key], times["plain"]))
             target = 1.01 if key == "runtime" else 1.02
             print(f"gpu_check {name} {precision}: {key} {med[key] * 1e3:.2f} ms/step vs plain "
                   f"{med['plain'] * 1e3:.2f} ms/step: ratio {med[key] / med['plain']:.3f} "
-                  f"(paired {paired:.3f}; target <= {target})")
+                  f"(paired {paired:.3f}; target <= {target}); CUDA peak {peaks[key] / 2**20:.0f} MiB vs "
+                  f"{peaks['plain'] / 2**20:.0f} MiB: ratio {peaks[key] / peaks['plain']:.3f} (target <= 1.05)")
 
 
 def main() -> None:
