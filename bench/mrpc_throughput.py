@@ -14,7 +14,10 @@ order (``LengthGroupedSampler``, seed 42: batches of similar length), batch 16, 
 schedule with 10 % warm-up, clipping at 1.0, fp32, and one host read of the loss every
 ``--log-every`` steps. Throughput is samples/s over the steps after the first ``--log-every`` (warm-up),
 from the engine's own ``train/samples_per_s`` windows and from the same windows timed in the plain
-loop. Peak memory is each process's maximum resident set size (``wait4``'s ``ru_maxrss``).
+loop. Both runs end as the recipe's does, with one evaluation of the final weights (the validation
+pairs in both orders, batches of 64, scored as below; the plain loop reads them tokenized before the
+measured runs, as the engine reads its cache): it is part of the peak memory, which is each process's
+maximum resident set size (``wait4``'s ``ru_maxrss``), not of the samples/s.
 
 Evaluation. In this process, the engine's ``evaluate`` (with the recipe's both-order scoring: each
 validation pair scored as (a, b) and (b, a), log-probabilities averaged) against a plain loop that
@@ -71,27 +74,69 @@ def tiny_model(folder: Path, data_dir: Path) -> Path:
 # -- the plain loop ---------------------------------------------------------------------------------
 
 
+def validation_file(data_dir: Path) -> Path:
+    return data_dir / ("validation.tsv" if (data_dir / "validation.tsv").is_file() else "dev.tsv")
+
+
 def tokenize_for_plain(model_dir: str, data_dir: str, folder: Path) -> Path:
-    """The plain loop's training rows, tokenized once before any measured run and saved to disk
-    (the engine, likewise, reads the tokenization cache its first run wrote)."""
+    """The plain loops' rows, tokenized once before any measured run and saved to disk (the engine,
+    likewise, reads the tokenization cache its first run wrote): ``train``, and the validation pairs
+    in both orders, ``validation_ab`` and ``validation_ba``."""
     import datasets
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    pairs = read_pairs(Path(data_dir) / "train.tsv")
-    # As Transformers' own run_glue_no_trainer.py prepares GLUE (and as the engine's task does):
-    # a datasets.Dataset tokenized with map (padded per batch later).
-    raw = datasets.Dataset.from_dict({"sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
-                                      "labels": [label for _, _, label in pairs]})
-    rows = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True, max_length=MAX_LENGTH),
-                   batched=True, remove_columns=["sentence1", "sentence2"])
-    rows.save_to_disk(str(folder))
+    train = read_pairs(Path(data_dir) / "train.tsv")
+    validation = read_pairs(validation_file(Path(data_dir)))
+    swapped = [(b, a, label) for a, b, label in validation]
+    for name, pairs in (("train", train), ("validation_ab", validation), ("validation_ba", swapped)):
+        # As Transformers' own run_glue_no_trainer.py prepares GLUE (and as the engine's task does):
+        # a datasets.Dataset tokenized with map (padded per batch later).
+        raw = datasets.Dataset.from_dict({"sentence1": [a for a, _, _ in pairs], "sentence2": [b for _, b, _ in pairs],
+                                          "labels": [label for _, _, label in pairs]})
+        rows = raw.map(lambda b: tokenizer(b["sentence1"], b["sentence2"], truncation=True, max_length=MAX_LENGTH),
+                       batched=True, remove_columns=["sentence1", "sentence2"])
+        rows.save_to_disk(str(folder / name))
     return folder
 
 
+def plain_eval_batches(tokenizer: Any, tokenized: str) -> Any:
+    """The validation set's batches of 64, each as its (a, b) and its (b, a) pairs padded like the
+    engine's (``PaddingCollator``); fetched and padded as they are scored, as the engine's are."""
+    import datasets
+    import torch
+
+    from app.tasks.glue.batches import PaddingCollator
+
+    pad = PaddingCollator(tokenizer)
+    orders = [torch.utils.data.DataLoader(datasets.load_from_disk(str(Path(tokenized) / name)), batch_size=EVAL_BATCH,
+                                          collate_fn=pad) for name in ("validation_ab", "validation_ba")]
+    return zip(*orders)
+
+
+def plain_evaluate(model: Any, batches: Any) -> dict[str, float]:
+    """Accuracy and F1 with the recipe's both-order scoring (each pair scored as (a, b) and (b, a),
+    log-probabilities averaged), written by hand; ``batches`` as ``plain_eval_batches`` gives them."""
+    import torch
+
+    model.eval()
+    preds, labels = [], []
+    with torch.no_grad():
+        for ab, ba in batches:
+            gold, _ = ab.pop("labels"), ba.pop("labels")
+            both = [model(**enc).logits.float().log_softmax(-1) for enc in (ab, ba)]
+            preds.append(((both[0] + both[1]) / 2).argmax(-1))
+            labels.append(gold)
+    model.train()
+    p, y = torch.cat(preds), torch.cat(labels)
+    tp, fp, fn = int(((p == 1) & (y == 1)).sum()), int(((p == 1) & (y == 0)).sum()), int(((p == 0) & (y == 1)).sum())
+    return {"accuracy": float((p == y).float().mean()), "f1": 2 * tp / (2 * tp + fp + fn)}
+
+
 def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> dict[str, Any]:
-    """A hand-written Transformers fine-tuning loop on the rows ``tokenize_for_plain`` saved; returns
-    samples/s after warm-up and the loss."""
+    """A hand-written Transformers fine-tuning loop on the rows ``tokenize_for_plain`` saved, ending,
+    as the recipe's run does, with an evaluation of the final weights; returns samples/s after
+    warm-up (training only), the loss and the final metrics."""
     import datasets
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -102,7 +147,7 @@ def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> 
 
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    rows = datasets.load_from_disk(tokenized)
+    rows = datasets.load_from_disk(str(Path(tokenized) / "train"))
     sampler = LengthGroupedSampler([len(ids) for ids in rows["input_ids"]], BATCH, seed=SEED)
     # The engine's padding (DataCollatorWithPadding's tensors, padded with numpy): the same data work.
     loader = torch.utils.data.DataLoader(rows, batch_size=BATCH, sampler=sampler, collate_fn=PaddingCollator(tokenizer))
@@ -143,7 +188,11 @@ def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> 
             if step >= steps:
                 break
         epoch += 1
-    return {"samples_per_s": windows, "loss": loss}
+    # The engine's run ends with an evaluation of the final weights (the recipe evaluates once per
+    # epoch, and at the end when a run stops between evaluations): the same work here, so that both
+    # processes' peak memory covers it.
+    metrics = plain_evaluate(model, plain_eval_batches(tokenizer, tokenized))
+    return {"samples_per_s": windows, "loss": loss, **metrics}
 
 
 # -- the engine -------------------------------------------------------------------------------------
@@ -197,7 +246,6 @@ def after_warmup(windows: list[float]) -> float:
 
 def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[float, float, bool]:
     """Seconds per evaluation pass, engine and plain, and whether both gave the same metrics."""
-    import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
@@ -216,32 +264,21 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
     c = build_components(cfg, acc)  # type: ignore[arg-type]
     model = acc.unwrap_model(c.model)
     tokenizer = c.task.tokenizer  # type: ignore[attr-defined]
-    pairs = read_pairs(Path(data_dir) / ("validation.tsv" if (Path(data_dir) / "validation.tsv").is_file() else "dev.tsv"))
+    pairs = read_pairs(validation_file(Path(data_dir)))
 
     # Tokenized once, before the timed passes (the engine's rows were tokenized before training).
     chunks = [pairs[i:i + EVAL_BATCH] for i in range(0, len(pairs), EVAL_BATCH)]
-    def rows(x: list[str], y: list[str]) -> list[dict[str, Any]]:
+    def rows(x: list[str], y: list[str], labels: list[int]) -> list[dict[str, Any]]:
         encoded = tokenizer(x, y, truncation=True, max_length=MAX_LENGTH)
-        return [dict(zip(encoded.keys(), values)) for values in zip(*encoded.values())]
+        return [{**dict(zip(encoded.keys(), values)), "labels": label} for *values, label in zip(*encoded.values(), labels)]
 
-    encoded = [[rows(x, y) for x, y in (([p[0] for p in c], [p[1] for p in c]), ([p[1] for p in c], [p[0] for p in c]))]
+    encoded = [[rows(x, y, [p[2] for p in c]) for x, y in (([p[0] for p in c], [p[1] for p in c]),
+                                                           ([p[1] for p in c], [p[0] for p in c]))]
                for c in chunks]
     pad = PaddingCollator(tokenizer)
-    gold = [torch.tensor([p[2] for p in c]) for c in chunks]
 
-    @torch.no_grad()
-    def plain_evaluate() -> dict[str, float]:
-        model.eval()
-        preds, labels = [], []
-        for orders, chunk_labels in zip(encoded, gold):
-            both = [model(**pad(enc)).logits.float().log_softmax(-1)
-                    for enc in orders]
-            preds.append(((both[0] + both[1]) / 2).argmax(-1))
-            labels.append(chunk_labels)
-        model.train()
-        p, y = torch.cat(preds), torch.cat(labels)
-        tp, fp, fn = int(((p == 1) & (y == 1)).sum()), int(((p == 1) & (y == 0)).sum()), int(((p == 0) & (y == 1)).sum())
-        return {"accuracy": float((p == y).float().mean()), "f1": 2 * tp / (2 * tp + fp + fn)}
+    def plain_pass() -> dict[str, float]:
+        return plain_evaluate(model, ((pad(ab), pad(ba)) for ab, ba in encoded))
 
     def timed(fn: Any) -> tuple[float, dict[str, float]]:
         start = time.perf_counter()
@@ -249,7 +286,7 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
         return time.perf_counter() - start, result
 
     engine_metrics = evaluate(c)
-    plain_metrics = plain_evaluate()
+    plain_metrics = plain_pass()
     same = all(abs(engine_metrics[f"eval/{k}"] - plain_metrics[k]) < 1e-9 for k in ("accuracy", "f1"))
     engine_s, plain_s = [], []
     for r in range(rounds):
@@ -257,7 +294,7 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
             if name == "engine":
                 engine_s.append(timed(lambda: evaluate(c))[0])
             else:
-                plain_s.append(timed(plain_evaluate)[0])
+                plain_s.append(timed(plain_pass)[0])
     acc.end_training()
     tmp.cleanup()
     return statistics.median(engine_s), statistics.median(plain_s), same
@@ -316,8 +353,9 @@ def main() -> None:
           f"{args.steps} steps x {args.rounds} rounds each, {threads} cores")
     print(f"  training: engine {e:.1f} samples/s, plain loop {p:.1f} samples/s: engine / plain {e / p:.3f} "
           f"(target >= 0.98)")
+    each = "; ".join(f"{name} " + ", ".join(f"{kib / 1024:.0f}" for kib in peaks) for name, peaks in rss.items())
     print(f"  peak RSS: engine {em / 1024:.0f} MiB, plain loop {pm / 1024:.0f} MiB: engine / plain {em / pm:.3f} "
-          f"(target <= 1.05)")
+          f"(target <= 1.05; each run, MiB: {each})")
     print(f"  evaluation (408 pairs, both orders): engine {engine_eval * 1e3:.0f} ms, plain {plain_eval * 1e3:.0f} ms: "
           f"engine / plain time {engine_eval / plain_eval:.3f}; same accuracy and F1: {same}")
 
