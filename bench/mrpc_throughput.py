@@ -5,28 +5,33 @@ Training. ``python -m app experiment=mrpc_minilm`` for ``--steps`` optimizer ste
 (this file, ``--plain-worker``) in its own process, alternating (engine, plain, plain, engine, ...).
 Held equal: the model (the recipe's mean-pooling head on the same encoder folder, word embeddings
 frozen), the tokenization (``datasets`` + ``map``, as Transformers' run_glue_no_trainer.py does;
-max_length 128, no padding at tokenization, each batch padded to its longest pair by the engine's
-``PaddingCollator`` in both loops: the tensors ``DataCollatorWithPadding`` gives — a test checks it —
-padded with numpy, ~8x faster than that collator) and where it happens: before the measured runs,
-once, read back from disk by each run (the engine reads its tokenization cache, the plain loop a
-``save_to_disk`` copy made by this script; neither tokenizes in the measured process), the data
-order (``LengthGroupedSampler``, seed 42: batches of similar length), batch 16, torch's fused AdamW at lr 1e-4 with weight decay 0.01 except biases and norm weights, the linear
-schedule with 10 % warm-up, clipping at 1.0, fp32, and one host read of the loss every
-``--log-every`` steps. Throughput is samples/s over the steps after the first ``--log-every`` (warm-up),
-from the engine's own ``train/samples_per_s`` windows and from the same windows timed in the plain
-loop. Both runs end as the recipe's does, with one evaluation of the final weights (the validation
-pairs in both orders, batches of 64, scored as below; the plain loop reads them tokenized before the
-measured runs, as the engine reads its cache): it is part of the peak memory, which is each process's
-maximum resident set size (``wait4``'s ``ru_maxrss``), not of the samples/s.
+max_length 128, no padding at tokenization) and where it happens: before the measured runs, once,
+read back from disk by each run (the engine reads its tokenization cache, the plain loop a
+``save_to_disk`` copy made by this script; neither tokenizes in the measured process); the padding
+(each batch to its longest pair by the engine's ``PaddingCollator`` in both loops: the tensors
+``DataCollatorWithPadding`` gives — a test checks it — padded with numpy, ~8x faster than that
+collator); the data order (``LengthGroupedSampler``, seed 42: batches of similar length; the same
+batches in the same order, so each log window holds the same samples in both loops), batch 16,
+torch's fused AdamW at lr 1e-4 with weight decay 0.01 except biases and norm weights, the linear
+schedule with 10 % warm-up, clipping at 1.0, fp32, one host read of the loss every ``--log-every``
+steps, and ``--threads`` torch threads per process (default 1: with two, the OpenMP threads of a
+step wait on each other and on the other jobs of this shared 2-core machine, and runs of the same
+code differ by ±10 %; with one, by ±3 %). Throughput is samples/s over the steps after the first
+``--log-every`` (warm-up), from the engine's own ``train/samples_per_s`` windows and from the same
+windows timed in the plain loop; the figure is the median over rounds of each round's engine /
+plain ratio. Both runs end as the recipe's does, with one evaluation of the final weights (the
+validation pairs in both orders, batches of 64, scored as below): it is part of the peak memory,
+which is each process's maximum resident set size (``wait4``'s ``ru_maxrss``), not of the samples/s.
 
 Evaluation. In this process, the engine's ``evaluate`` (with the recipe's both-order scoring: each
 validation pair scored as (a, b) and (b, a), log-probabilities averaged) against a plain loop that
-scores and computes accuracy/F1 the same way, on the same weights, interleaved. Like the engine, whose
-rows were tokenized before training, the plain loop tokenizes before the timed passes (both orders,
-the same batches of 64); a pass pads each batch (with the engine's collator, as above),
-scores it and computes the metrics.
+scores and computes accuracy/F1 the same way, on the same weights, interleaved. Both read rows
+tokenized before the timed passes from disk (the engine its cache; the plain loop ``save_to_disk``
+copies of the pairs in each order) through a ``DataLoader`` in batches of 64, padded per batch by
+the same collator.
 
     python bench/mrpc_throughput.py [--tiny] [--model DIR] [--data-dir DIR] [--steps 200] [--rounds 2]
+                                    [--threads 1]
 
 ``--tiny`` trains a tiny BERT (vocabulary learned from the MRPC sentences, 2 layers, hidden 32) built
 in a temporary folder: a CI-sized run in about a minute. Without it, the MiniLM folder of the
@@ -244,7 +249,7 @@ def after_warmup(windows: list[float]) -> float:
 # -- evaluation -------------------------------------------------------------------------------------
 
 
-def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[float, float, bool]:
+def evaluation_comparison(model_dir: str, data_dir: str, tokenized: str, rounds: int) -> tuple[float, float, bool]:
     """Seconds per evaluation pass, engine and plain, and whether both gave the same metrics."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -252,7 +257,6 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
     from app.configure import register_configs
     from app.engine.build import build_accelerator, build_components
     from app.engine.loop import evaluate
-    from app.tasks.glue.batches import PaddingCollator
 
     register_configs()
     overrides = ["experiment=mrpc_minilm", f"task.data_dir={data_dir}", f"task.model={model_dir}",
@@ -264,21 +268,10 @@ def evaluation_comparison(model_dir: str, data_dir: str, rounds: int) -> tuple[f
     c = build_components(cfg, acc)  # type: ignore[arg-type]
     model = acc.unwrap_model(c.model)
     tokenizer = c.task.tokenizer  # type: ignore[attr-defined]
-    pairs = read_pairs(validation_file(Path(data_dir)))
-
-    # Tokenized once, before the timed passes (the engine's rows were tokenized before training).
-    chunks = [pairs[i:i + EVAL_BATCH] for i in range(0, len(pairs), EVAL_BATCH)]
-    def rows(x: list[str], y: list[str], labels: list[int]) -> list[dict[str, Any]]:
-        encoded = tokenizer(x, y, truncation=True, max_length=MAX_LENGTH)
-        return [{**dict(zip(encoded.keys(), values)), "labels": label} for *values, label in zip(*encoded.values(), labels)]
-
-    encoded = [[rows(x, y, [p[2] for p in c]) for x, y in (([p[0] for p in c], [p[1] for p in c]),
-                                                           ([p[1] for p in c], [p[0] for p in c]))]
-               for c in chunks]
-    pad = PaddingCollator(tokenizer)
 
     def plain_pass() -> dict[str, float]:
-        return plain_evaluate(model, ((pad(ab), pad(ba)) for ab, ba in encoded))
+        # Like the engine: rows tokenized before (read from disk as it reads its cache), padded per batch.
+        return plain_evaluate(model, plain_eval_batches(tokenizer, tokenized))
 
     def timed(fn: Any) -> tuple[float, dict[str, float]]:
         start = time.perf_counter()
@@ -309,6 +302,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--eval-rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per process, both loops (default 1: see the docstring)")
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--tokenized", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,6 +311,8 @@ def main() -> None:
         print(json.dumps(plain_worker(args.model, args.tokenized, args.steps, args.log_every)))
         return
 
+    # Every process of this benchmark (both loops' and this one's evaluation comparison) reads it.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     data_dir = Path(args.data_dir)
     if not (data_dir / "train.tsv").is_file():
         raise SystemExit(f"mrpc_throughput: {data_dir} has no train.tsv; pass --data-dir <GLUE MRPC folder>.")
@@ -336,7 +333,7 @@ def main() -> None:
         tokenized = str(tokenize_for_plain(model_dir, str(data_dir), Path(tmp) / "plain_rows"))
         rates: dict[str, list[float]] = {"engine": [], "plain": []}
         rss: dict[str, list[int]] = {"engine": [], "plain": []}
-        for r in range(args.rounds):
+        for r in range(args.rounds):  # a round's two runs are back to back: their ratio is one pair
             for name in (("engine", "plain") if r % 2 == 0 else ("plain", "engine")):
                 if name == "engine":
                     windows, peak = engine_run(model_dir, str(data_dir), args.steps, args.log_every)
@@ -344,15 +341,17 @@ def main() -> None:
                     windows, peak = plain_run(model_dir, tokenized, args.steps, args.log_every)
                 rates[name].append(after_warmup(windows))
                 rss[name].append(peak)
-        engine_eval, plain_eval, same = evaluation_comparison(model_dir, str(data_dir), args.eval_rounds)
+        engine_eval, plain_eval, same = evaluation_comparison(model_dir, str(data_dir), tokenized, args.eval_rounds)
 
     e, p = statistics.median(rates["engine"]), statistics.median(rates["plain"])
+    paired = statistics.median(a / b for a, b in zip(rates["engine"], rates["plain"]))
     em, pm = statistics.median(rss["engine"]), statistics.median(rss["plain"])
-    threads = os.cpu_count()
     print(f"GLUE MRPC, {'tiny BERT' if args.tiny else Path(model_dir).name}, recipe experiment=mrpc_minilm, "
-          f"{args.steps} steps x {args.rounds} rounds each, {threads} cores")
-    print(f"  training: engine {e:.1f} samples/s, plain loop {p:.1f} samples/s: engine / plain {e / p:.3f} "
-          f"(target >= 0.98)")
+          f"{args.steps} steps x {args.rounds} rounds each, {args.threads} thread(s) per process, "
+          f"{os.cpu_count()} cores")
+    runs = "; ".join(f"{name} " + ", ".join(f"{v:.0f}" for v in values) for name, values in rates.items())
+    print(f"  training: engine {e:.1f} samples/s, plain loop {p:.1f} samples/s: engine / plain {paired:.3f} "
+          f"median of paired rounds, {e / p:.3f} of medians (target >= 0.98; each run: {runs})")
     each = "; ".join(f"{name} " + ", ".join(f"{kib / 1024:.0f}" for kib in peaks) for name, peaks in rss.items())
     print(f"  peak RSS: engine {em / 1024:.0f} MiB, plain loop {pm / 1024:.0f} MiB: engine / plain {em / pm:.3f} "
           f"(target <= 1.05; each run, MiB: {each})")
