@@ -349,7 +349,7 @@ def main() -> None:
     print(f"GLUE MRPC, {'tiny BERT' if args.tiny else Path(model_dir).name}, recipe experiment=mrpc_minilm, "
           f"{args.steps} steps x {args.rounds} rounds each, {args.threads} thread(s) per process, "
           f"{os.cpu_count()} cores")
-    runs = "; ".join(f"{name} " + ", ".join(f"{v:.0f}" for v in values) for name, values in rates.items())
+    runs = "; ".join(f"{name} " + ", ".join(f"{v:.1f}" for v in values) for name, values in rates.items())
     print(f"  training: engine {e:.1f} samples/s, plain loop {p:.1f} samples/s: engine / plain {paired:.3f} "
           f"median of paired rounds, {e / p:.3f} of medians (target >= 0.98; each run: {runs})")
     each = "; ".join(f"{name} " + ", ".join(f"{kib / 1024:.0f}" for kib in peaks) for name, peaks in rss.items())
