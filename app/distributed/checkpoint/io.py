@@ -83,8 +83,8 @@ class FullStateIO:
         inner = self.backend.unwrap_model(model)
         path = folder / f"{name}.safetensors"
         listed = listed_files(folder)
-        if full_model_files(folder, name, listed):
-            state = read_full_model_state(folder, name)
+        if files := full_model_files(folder, name, listed):
+            state = read_full_model_state(folder, files)
             check_compatible(inner.state_dict(), state, path)
         elif lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
             check_compatible(inner.state_dict(), sharded_shapes(folder / name), folder / name)

@@ -49,9 +49,10 @@ def full_model_files(folder: Path, name: str, listed: set[str] | None = None) ->
     return shards
 
 
-def read_full_model_state(folder: Path, name: str) -> dict[str, torch.Tensor]:
+def read_full_model_state(folder: Path, files: list[str]) -> dict[str, torch.Tensor]:
+    """The weights in ``files`` (what :func:`full_model_files` found), shards merged."""
     tensors: dict[str, torch.Tensor] = {}
-    for file in full_model_files(folder, name) or [f"{name}.safetensors"]:
+    for file in files:
         shard, metadata = read_safetensors(folder / file)
         for alias, original in json.loads(metadata.get("aliases", "{}")).items():
             shard[alias] = shard[original]

@@ -76,13 +76,14 @@ class ShardedStateIO:
             set_model_state_dict(model, state)
             return
         path = folder / f"{name}.safetensors"
-        if not full_model_files(folder, name, listed):
+        files = full_model_files(folder, name, listed)
+        if not files:
             raise CheckpointError(f"{folder} has neither {name}/ shards nor {path.name}.")
         full: dict[str, torch.Tensor] = {}
         expected = self.backend.full_state_dict(model)  # a collective: the full shapes, on rank 0
 
         def read() -> None:
-            full.update(read_full_model_state(folder, name))
+            full.update(read_full_model_state(folder, files))
             check_compatible(expected, full, path)
 
         self._on_rank0_for_all(read)
