@@ -98,7 +98,6 @@ def test_a_diverged_run_exits_nonzero_and_exports_nothing_non_finite(tmp_path):
         assert all(torch.isfinite(t).all() for t in weights.values()), folder
 
 
-
 def peak_growth_mib(fn) -> float | None:
     """How far this process's peak resident memory rises above its current level while ``fn`` runs
     (Linux: ``/proc/self/clear_refs`` resets the peak); None where that cannot be read."""
@@ -133,6 +132,7 @@ def test_the_finiteness_check_finds_every_nan_and_infinity_without_a_copy_of_the
     if growth is None:
         pytest.skip("no /proc/self/clear_refs here to measure the peak")
     assert growth < 20, f"the check raised the peak resident memory by {growth:.0f} MiB"
+
 
 # -- GLUE MRPC files and model folders -------------------------------------------------------------------
 
