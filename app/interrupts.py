@@ -1,6 +1,6 @@
 """Ctrl-C and preemption: the first SIGINT or SIGTERM asks training to stop after the current optimizer
 step (the loop then saves a checkpoint and the run exits with 128 + the signal: 130 / 143); a second
-SIGINT exits at once, without a checkpoint. Outside the loop (setup: imports, data, process group,
+SIGINT exits at once, without a checkpoint (every arrival counts: :class:`DeliveryLog`). Outside the loop (setup: imports, data, process group,
 resume), the first signal stops the process where it is, with one sentence and the same exit status
 (:func:`interrupt_outside_training`).
 
@@ -101,9 +101,13 @@ class StopSignals:
         self.announce = announce
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
+        self._deliveries: DeliveryLog | None = None
+        self._owner = os.getpid()
 
     def __enter__(self) -> StopSignals:  # noqa: PYI034 - not subclassed
+        self._owner = os.getpid()
         if threading.current_thread() is threading.main_thread():
+            self._deliveries = DeliveryLog.install()
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
@@ -112,8 +116,22 @@ class StopSignals:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous.clear()
+        if self._deliveries is not None:
+            self._deliveries.uninstall()
+            self._deliveries = None
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._owner:
+            # A forked child (a DataLoader worker: a terminal's Ctrl-C reaches it too) inherited this
+            # handler. It goes on serving batches; the process that installed the handler stops the run.
+            return
+        delivered = self._deliveries.drain() if self._deliveries is not None else []
+        # Python runs a handler once however many times its signal arrived while the main thread was
+        # in C code (a checkpoint's write, a long kernel): the delivery log has each arrival.
+        for sig in delivered or [signum]:
+            self._on_signal(sig)
+
+    def _on_signal(self, signum: int) -> None:
         if self.signum is not None:
             if signum == signal.SIGINT:
                 # A second Ctrl-C: the user does not want to wait for the checkpoint.
@@ -134,3 +152,65 @@ class StopSignals:
             text = self.stop_file.read_text().strip()
             self.signum = int(text) if text.isdigit() else signal.SIGTERM
         return self.signum
+
+
+class DeliveryLog:
+    """Every arrival of a stop signal, in order, from the moment it is installed.
+
+    CPython's C-level handler only sets a flag per signal and runs the Python handler later, in the
+    main thread, once: two Ctrl-C pressed while the main thread is inside one long C call would read as
+    one. The same C handler also writes the signal's number, once per arrival, to the *wakeup fd*
+    (:func:`signal.set_wakeup_fd`); this pipe is that fd. Installed only where no other wakeup fd is
+    set (an event loop's stays as it is, and the handler falls back to one arrival per call). A forked
+    child (a DataLoader worker, which a terminal's Ctrl-C reaches too) lets go of it at once, or its
+    arrivals would be counted as the parent's."""
+
+    active: DeliveryLog | None = None  # the one whose pipe is this process's wakeup fd
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self._fds: tuple[int, int] | None = (read_fd, write_fd)
+
+    @classmethod
+    def install(cls) -> DeliveryLog | None:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        if previous == -1:
+            cls.active = cls(read_fd, write_fd)
+            return cls.active
+        signal.set_wakeup_fd(previous)  # someone else's (an event loop's): theirs stays
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
+
+    def drain(self) -> list[int]:
+        """The stop signals that arrived since the last call, oldest first."""
+        data = b""
+        while self._fds is not None:
+            try:
+                chunk = os.read(self._fds[0], 512)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        return [sig for sig in data if sig in STOP_SIGNALS]
+
+    def uninstall(self) -> None:
+        if self._fds is None:
+            return
+        if DeliveryLog.active is self:
+            DeliveryLog.active = None
+            signal.set_wakeup_fd(-1)
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = None
+
+    @classmethod
+    def _let_go_in_child(cls) -> None:
+        if cls.active is not None:
+            cls.active.uninstall()
+
+
+os.register_at_fork(after_in_child=DeliveryLog._let_go_in_child)

@@ -207,3 +207,90 @@ def test_a_signal_during_setup_stops_with_one_sentence_and_changes_nothing(tmp_p
         assert f"interrupted ({signal.Signals(sig).name}) before the first training step" in out + err
         assert "Traceback" not in out + err and "error" not in (out + err).lower()
         assert {name: data for name, data in snapshot(run).items() if name != "app.log"} == before
+
+
+# Two Ctrl-C pressed while the main thread is inside C code: CPython runs the Python handler once for
+# both. Made deterministic with threads: the main thread blocks SIGINT and waits on a lock (C code
+# that no signal interrupts) while a helper thread, which takes both deliveries, sends them.
+TWO_PRESSES_DURING_C_CODE = """
+import os, signal, threading
+from app.interrupts import StopSignals
+
+with StopSignals() as stop:
+    go = threading.Event()
+    def press_twice():
+        go.wait()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+    helper = threading.Thread(target=press_twice)
+    helper.start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    go.set()
+    helper.join()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    for _ in range(1000):  # back in Python: the handler runs here
+        pass
+print("still running after", stop.received)
+"""
+
+# A forked child (a DataLoader worker; a terminal's Ctrl-C reaches it too) must not write its signal
+# arrivals into the parent's delivery log: one Ctrl-C to both would read as two in the parent.
+FORKED_CHILD = """
+import os, signal
+from app.interrupts import StopSignals
+
+with StopSignals() as stop:
+    pid = os.fork()
+    if pid == 0:
+        # In the child: no wakeup fd (it would be the parent's pipe); a signal here stays here.
+        inherited = signal.set_wakeup_fd(-1)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(0 if inherited == -1 else 3)
+    _, status = os.waitpid(pid, 0)
+    os.kill(os.getpid(), signal.SIGINT)  # the parent's first Ctrl-C
+    for _ in range(1000):
+        pass
+print("child exit", os.waitstatus_to_exitcode(status), "parent still running after", stop.received)
+"""
+
+
+def run_script(source: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.timeout(120)
+def test_two_ctrl_c_during_one_long_c_call_are_two_and_exit_at_once():
+    done = run_script(TWO_PRESSES_DURING_C_CODE)
+    assert done.returncode == 130, done.stdout + done.stderr
+    assert "SIGINT: stopping after the current step" in done.stderr
+    assert done.stderr.rstrip().endswith("second interrupt: exiting now, without a checkpoint")
+    assert "still running" not in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_childs_signals_are_not_counted_as_the_parents():
+    done = run_script(FORKED_CHILD)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "child exit 0 parent still running after 2" in done.stdout
+    assert "second interrupt" not in done.stderr
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
+    # The terminal's Ctrl-C reaches the DataLoader's worker processes too (forked, with the training
+    # loop's handler): they keep serving batches, say nothing, and are not counted as a second press.
+    run = tmp_path / "run"
+    proc = start_app(*ENDLESS, "trainer.num_workers=2", f"hydra.run.dir={run}")
+    metrics = run / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count("train/loss") >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("SIGINT: stopping after the current step") == 1, err[-3000:]
+    assert "second interrupt" not in err and "Traceback" not in out + err
+    interrupted_step(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run)
