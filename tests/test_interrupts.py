@@ -144,6 +144,10 @@ def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_com
     before = {path.name for path, _ in complete_checkpoints(checkpoints)}
     assert before, "no checkpoint was written"
     proc.send_signal(signal.SIGINT)
+    # Two identical signals that are pending at once are one: the kernel keeps one bit per signal. So
+    # the second is sent only once the first has been delivered (a terminal's two presses are always
+    # apart; here the SIGSTOP below could otherwise come before the process ran at all).
+    wait_until_delivered(proc.pid, signal.SIGINT, deadline)
     writing = None
     while writing is None and proc.poll() is None and time.monotonic() < deadline:
         writing = next(checkpoints.glob(".tmp-checkpoint_*"), None)
@@ -171,6 +175,20 @@ def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_com
     newest = complete_checkpoints(checkpoints)[-1][1].step
     run_app(f"resume={run}", f"trainer.max_steps={newest + 1}", cwd=tmp_path, check=True, timeout=120)
     assert complete_checkpoints(checkpoints)[-1][1].step == newest + 1
+
+
+def wait_until_delivered(pid: int, sig: int, deadline: float) -> None:
+    """Until ``sig`` sent to the process is no longer pending in the kernel (a thread has taken it)."""
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return  # ended
+        pending = int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.MULTILINE).group(1), 16)
+        if not pending & (1 << (sig - 1)):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"signal {sig} still pending in process {pid}")
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
