@@ -1,8 +1,8 @@
 """Ctrl-C and preemption: the first SIGINT or SIGTERM asks training to stop after the current optimizer
 step (the loop then saves a checkpoint and the run exits with 128 + the signal: 130 / 143); a second
-SIGINT exits at once, without a checkpoint (every arrival counts: :class:`DeliveryLog`). Outside the loop (setup: imports, data, process group,
-resume), the first signal stops the process where it is, with one sentence and the same exit status
-(:func:`interrupt_outside_training`).
+SIGINT exits at once, without a checkpoint (every arrival counts: :class:`DeliveryLog`). Outside the
+loop (setup: imports, data, process group, resume), the first signal stops the process where it is,
+with one sentence and the same exit status (:func:`interrupt_outside_training`).
 
 SLURM and Kubernetes send SIGTERM before killing; a terminal's Ctrl-C reaches every process of the
 job. When only the launcher is signalled (``python -m app hardware=multi_cpu`` started the workers),
