@@ -81,23 +81,29 @@ def test_an_old_run_resumes_and_trains_on_to_the_same_weights(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_an_old_fsdp_run_resumes_on_two_fsdp_processes_from_its_shards(tmp_path):
-    """The old per-rank weight shards load through FSDP2 itself (torch.distributed.checkpoint on 2
-    ranks), not only through the one-process reader above; training goes on from step 6."""
+@pytest.mark.parametrize(("layout", "weights"), [
+    ("fsdp", ["model/shard-00001-model-00001-of-00001.safetensors", "model/shard-00002-model-00001-of-00001.safetensors"]),
+    ("ddp", ["model.safetensors"]),
+])
+def test_an_old_two_process_run_resumes_on_two_processes_of_its_kind(layout, weights, tmp_path):
+    """The old checkpoints load on the 2 processes that wrote them, as the saved run's own command
+    resumes them: FSDP2's per-rank weight shards through FSDP2 itself (torch.distributed.checkpoint),
+    DDP's full weights into both replicas; training goes on from step 6."""
     run = tmp_path / "run"
-    shutil.copytree(FIXTURE / "fsdp", run)
+    shutil.copytree(FIXTURE / layout, run)
     run_app(f"resume={run}", "trainer.max_steps=7", "checkpoint.export=last", cwd=tmp_path, check=True)
 
     kept = [(m.save_number, m.step, m.world_size) for _, m in complete_checkpoints(run / "checkpoints")]
     assert kept == [(1, 6, 2), (2, 7, 2)]
-    assert sorted(p.name for p in (run / "checkpoints" / "checkpoint_2" / "model").iterdir()) == [
-        "shard-00001-model-00001-of-00001.safetensors", "shard-00002-model-00001-of-00001.safetensors"]
+    newest = run / "checkpoints" / "checkpoint_2"
+    saved = sorted(str(p.relative_to(newest)) for p in newest.rglob("*.safetensors"))
+    assert [name for name in saved if name.startswith("model")] == weights
     assert json.loads((run / "result.json").read_text())["steps"] == 7
     # The old run's schedule (6 steps) ended at learning rate 0, so step 7 moves the optimizer's
-    # counters but not the weights: what the old shards held comes back out exactly.
+    # counters but not the weights: what the old checkpoint held comes back out exactly.
     optimizer = read_state(run / "checkpoints" / "checkpoint_2", "optimizer")["state"]
     assert {float(s["step"]) for s in optimizer.values()} == {7.0}
-    old = load_file(FIXTURE / "fsdp" / "model" / "model.safetensors")
+    old = load_file(FIXTURE / layout / "model" / "model.safetensors")
     new = load_file(run / "model" / "model.safetensors")
     assert old.keys() == new.keys()
     for name, tensor in old.items():
