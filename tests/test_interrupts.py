@@ -312,3 +312,48 @@ def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
     assert err.count("SIGINT: stopping after the current step") == 1, err[-3000:]
     assert "second interrupt" not in err and "Traceback" not in out + err
     interrupted_step(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run)
+
+
+def processes_in_group(pgid: int) -> list[int]:
+    """The live processes of a process group (a terminal's job): the run and its DataLoader workers."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_with_dataloader_workers_ends_every_process_at_once(tmp_path):
+    run = tmp_path / "run"
+    metrics = run / "metrics.jsonl"
+    # The larger model: the first Ctrl-C's checkpoint (~50 MB) takes a while to write.
+    proc = start_app(*ENDLESS, "trainer.num_workers=2", "task.hidden_sizes=[2048,2048]", f"hydra.run.dir={run}")
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count("train/loss") >= 3:
+            break
+        time.sleep(0.05)
+    group = processes_in_group(proc.pid)
+    assert len(group) >= 3, group  # the run and its two workers
+    os.killpg(proc.pid, signal.SIGINT)
+    for pid in group:
+        wait_until_delivered(pid, signal.SIGINT, deadline)
+    # The run held still, so that the second press surely comes before its checkpoint is done.
+    proc.send_signal(signal.SIGSTOP)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert err.count("SIGINT: stopping after the current step") == 1, err[-3000:]
+    assert "second interrupt: exiting now" in err and "Traceback" not in out + err
+    # The workers end with it (their index queue closes with the run; they ignore the signals
+    # themselves), not at their next look at their parent (every 5 s in torch).
+    until = time.monotonic() + 3
+    while processes_in_group(proc.pid) and time.monotonic() < until:
+        time.sleep(0.05)
+    assert not processes_in_group(proc.pid)
