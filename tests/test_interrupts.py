@@ -44,13 +44,7 @@ def interrupt_once_training(run_dir: Path, sig: int, *args: str, one_worker: boo
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, *args, f"hydra.run.dir={run_dir}"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run_dir / "metrics.jsonl"
-    logged_before = metrics.read_text().count("train/loss") if metrics.exists() else 0
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and metrics.read_text().count("train/loss") >= logged_before + 3:
-            break
-        time.sleep(0.05)
+    wait_for_training(proc, run_dir)
     if one_worker:
         workers = workers_of(proc.pid)
         if len(workers) != 2:
@@ -61,6 +55,17 @@ def interrupt_once_training(run_dir: Path, sig: int, *args: str, one_worker: boo
         proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_for_training(proc: subprocess.Popen[str], run_dir: Path, steps: int = 3) -> None:
+    """Until the run has logged ``steps`` more training losses (or ended, or two minutes passed)."""
+    metrics = run_dir / "metrics.jsonl"
+    logged_before = metrics.read_text().count("train/loss") if metrics.exists() else 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and metrics.read_text().count("train/loss") >= logged_before + steps:
+            return
+        time.sleep(0.05)
 
 
 def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> int:
@@ -300,12 +305,7 @@ def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
     # loop's handler): they keep serving batches, say nothing, and are not counted as a second press.
     run = tmp_path / "run"
     proc = start_app(*ENDLESS, "trainer.num_workers=2", f"hydra.run.dir={run}")
-    metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and metrics.read_text().count("train/loss") >= 3:
-            break
-        time.sleep(0.05)
+    wait_for_training(proc, run)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
@@ -330,14 +330,10 @@ def processes_in_group(pgid: int) -> list[int]:
 @pytest.mark.timeout(300)
 def test_a_second_ctrl_c_with_dataloader_workers_ends_every_process_at_once(tmp_path):
     run = tmp_path / "run"
-    metrics = run / "metrics.jsonl"
     # The larger model: the first Ctrl-C's checkpoint (~50 MB) takes a while to write.
     proc = start_app(*ENDLESS, "trainer.num_workers=2", "task.hidden_sizes=[2048,2048]", f"hydra.run.dir={run}")
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline:
-        if metrics.exists() and metrics.read_text().count("train/loss") >= 3:
-            break
-        time.sleep(0.05)
+    wait_for_training(proc, run)
+    deadline = time.monotonic() + 60
     group = processes_in_group(proc.pid)
     assert len(group) >= 3, group  # the run and its two workers
     os.killpg(proc.pid, signal.SIGINT)
