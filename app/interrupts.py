@@ -102,7 +102,7 @@ class StopSignals:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
         self._deliveries: DeliveryLog | None = None
-        self._owner = os.getpid()
+        self._owner: int | None = None  # the process that installed the handlers (__enter__)
 
     def __enter__(self) -> StopSignals:  # noqa: PYI034 - not subclassed
         self._owner = os.getpid()
