@@ -25,15 +25,20 @@ ENDLESS = ("trainer.max_epochs=-1", "trainer.max_steps=1000000", "scheduler=cons
            "early_stopping.patience=null", "checkpoint.export=last")
 
 
-def workers_of(launcher: int) -> list[int]:
-    """The worker processes of ``python -m app hardware=multi_cpu``: the children of its fork server."""
-    parents: dict[int, int] = {}
+def process_table() -> dict[int, list[str]]:
+    """Every process's ``/proc/<pid>/stat`` fields after its name: state, parent, process group, ..."""
+    table = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            table[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
+            continue  # ended meanwhile
+    return table
+
+
+def workers_of(launcher: int) -> list[int]:
+    """The worker processes of ``python -m app hardware=multi_cpu``: the children of its fork server."""
+    parents = {pid: int(fields[1]) for pid, fields in process_table().items()}
     children = [pid for pid, parent in parents.items() if parent == launcher]
     return sorted(pid for pid, parent in parents.items() if parent in children)
 
@@ -316,15 +321,7 @@ def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
 
 def processes_in_group(pgid: int) -> list[int]:
     """The live processes of a process group (a terminal's job): the run and its DataLoader workers."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state != "Z":
-            found.append(int(stat.parent.name))
-    return found
+    return [pid for pid, fields in process_table().items() if int(fields[2]) == pgid and fields[0] != "Z"]
 
 
 @pytest.mark.timeout(300)
