@@ -1,14 +1,18 @@
-"""Ctrl-C and preemption: the first SIGINT or SIGTERM asks training to stop after the current optimizer
-step (the loop then saves a checkpoint and the run exits with 128 + the signal: 130 / 143); a second
-SIGINT exits at once, without a checkpoint (every arrival counts: :class:`DeliveryLog`). Outside the
-loop (setup: imports, data, process group, resume), the first signal stops the process where it is,
-with one sentence and the same exit status (:func:`interrupt_outside_training`).
+"""Ctrl-C and preemption: the first SIGINT, SIGTERM or SIGUSR1 asks training to stop after the current
+optimizer step (the loop then saves a checkpoint, also when periodic checkpoints are off, and the run
+exits with 128 + the signal: 130 / 143 / 138); a second SIGINT exits at once, without a checkpoint
+(every arrival counts: :class:`DeliveryLog`). Outside the loop (setup: imports, data, process group,
+resume), the first signal stops the process where it is, with one sentence and the same exit status
+(:func:`interrupt_outside_training`). The handlers only record the signal: the checkpoint is written
+by the loop, after the step, never inside a handler.
 
-SLURM and Kubernetes send SIGTERM before killing; a terminal's Ctrl-C reaches every process of the
-job. When only the launcher is signalled (``python -m app hardware=multi_cpu`` started the workers),
-it writes the signal into a *stop file* the workers look at after every step. The ranks agree on the
-step to stop at through the backend's step flag (``app/distributed/step_flags.py``: an asynchronous
-host all-reduce per step, read one step later).
+SLURM and Kubernetes send SIGTERM before killing; SLURM sends SIGUSR1 before a time limit
+(``--signal=USR1@<s>``) and with ``scancel --signal=USR1`` (after which the job requeues itself:
+``app.launching.slurm_requeue``); a terminal's Ctrl-C reaches every process of the job. When only the
+launcher is signalled (``python -m app hardware=multi_cpu`` started the workers), it writes the signal
+into a *stop file* the workers look at after every step. The ranks agree on the step to stop at
+through the backend's step flag (``app/distributed/step_flags.py``: an asynchronous host all-reduce per
+step, read one step later).
 
 Torch-free: the launcher uses it before any heavy import.
 """
@@ -22,7 +26,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
 def signal_name(signum: int) -> str:
@@ -46,7 +50,7 @@ class RunInterrupted(Exception):
 
 
 class Interrupted(BaseException):
-    """SIGINT or SIGTERM outside the training loop (during setup: imports, data, process group,
+    """SIGINT, SIGTERM or SIGUSR1 outside the training loop (during setup: imports, data, process group,
     resume): raised where the signal lands, so setup stops at once; the process exits with
     ``exit_code`` and one sentence. A BaseException, like KeyboardInterrupt, so that no
     ``except Exception`` takes it for a failure."""
@@ -64,7 +68,7 @@ class Interrupted(BaseException):
 
 
 def interrupt_outside_training() -> None:
-    """From now on, the first SIGINT or SIGTERM raises :class:`Interrupted` in the main thread and a
+    """From now on, the first SIGINT, SIGTERM or SIGUSR1 raises :class:`Interrupted` in the main thread and a
     second SIGINT exits at once (KeyboardInterrupt's traceback, or SIGTERM's silent death, otherwise).
     The training loop's :class:`StopSignals` replaces the handlers while it runs and gives them back.
     A signal this process was started to ignore (``nohup``, a background job) stays ignored."""

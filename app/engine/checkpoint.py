@@ -109,8 +109,9 @@ class CheckpointPolicy:
 
     def on_train_end(self, state: LoopState) -> None:
         """Always leave the final state (unless checkpoints are off): a max_steps end mid-epoch, an
-        early stop between checkpoints or an interrupt all resume exactly from here."""
-        if self.cfg.enabled and self.last_saved_step != state.global_step:
+        early stop between checkpoints or an interrupt all resume exactly from here. A stop signal
+        (preemption, a time limit) saves even when checkpoints are off: its resume command must work."""
+        if (self.cfg.enabled or state.stop_signal is not None) and self.last_saved_step != state.global_step:
             self.save(state)
 
     def save(self, state: LoopState) -> Path | None:

@@ -122,7 +122,7 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
         logs.cleanup()
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
 
 WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.glue_mrpc", "torch._dynamo"]
 """What the fork server imports once for all workers: the engine, the tasks (without their optional
@@ -148,17 +148,21 @@ def start_worker_server() -> None:
     its imports then run on another core while this process validates the config and prepares the
     launch, instead of after it.
 
-    It starts with SIGINT and SIGTERM blocked: a Ctrl-C reaches every process of the terminal's
-    group, and a fork server stopped in its imports would print a traceback and fail the launch.
-    Blocked, not ignored, so that one arriving meanwhile still reaches this process once the server
-    is started; the workers inherit the mask and unblock them (``_entry``)."""
+    It starts with SIGINT, SIGTERM and SIGUSR1 blocked: a Ctrl-C reaches every process of the
+    terminal's group (SLURM's signals every process of the job), and a fork server stopped in its
+    imports would print a traceback and fail the launch (SIGUSR1's default action kills). Blocked, not
+    ignored, so that one arriving meanwhile still reaches this process once the server is started; the
+    workers inherit the mask and unblock them (``_entry``). The resource tracker ignores SIGINT and
+    SIGTERM itself; it starts with SIGUSR1 blocked."""
     if _start_method() != "forkserver":
         return
     from multiprocessing import forkserver, resource_tracker
 
-    resource_tracker.ensure_running()  # started by the fork server otherwise, and it unblocks both after
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     try:
+        # Started by the fork server otherwise; it unblocks SIGINT and SIGTERM after, hence first.
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         forkserver.ensure_running()  # the signal mask is kept across fork and exec
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
