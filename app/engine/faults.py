@@ -3,8 +3,9 @@
 ``APP_FAIL_AT_STEP=<optimizer step>`` (and ``APP_FAIL_RANK=<rank>``, default 0) make that rank raise
 :class:`InjectedFault` right after that optimizer step, to check that a run with a failing rank exits
 non-zero promptly, showing the error, instead of hanging. With ``APP_FAIL_MODE=stop`` the rank
-stops itself with SIGSTOP instead (a hung rank: it can neither fail nor answer SIGTERM). Unset, it
-costs nothing per step.
+stops itself with SIGSTOP instead (a hung rank: it can neither fail nor answer SIGTERM; or a run held
+at a known step until a test signals it), at each step of ``APP_FAIL_AT_STEP=<step>,<step>,...``.
+Unset, it costs nothing per step.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ def fault_point(rank: int) -> Callable[[int], None] | None:
         return None
     stop = os.environ.get("APP_FAIL_MODE") == "stop"
 
+    steps = {int(step) for step in at_step.split(",")}
+
     def check(step: int) -> None:
-        if step != int(at_step):
+        if step not in steps:
             return
         if stop:
             log.warning("injected hang: rank %d (process %d) stops itself at step %d", rank, os.getpid(), step)
