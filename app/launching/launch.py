@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import RunConfig
+from app.config import ConfigError, RunConfig
 from app.configure import validate
-from app.interrupts import Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
+from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
-from app.launching.worker_errors import call_blaming_the_cause
+from app.launching.worker_errors import WorkerFailed, call_blaming_the_cause
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +40,31 @@ def launched_world_size() -> int | None:
 def adopt_slurm_layout(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
     """In a SLURM step of several tasks (and not already under torchrun), export this task's rank and
     master the way torchrun would: each task is one rank of the job (``app.launching.slurm``)."""
-    from app.launching.slurm import slurm_layout
+    from app.launching.slurm import slurm_layout, task_threads
 
     layout = slurm_layout(environ)
     if layout is not None and "RANK" not in environ:
         environ.update(layout)
+        environ.setdefault("OMP_NUM_THREADS", task_threads(environ))
 
 
 def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float | None:
     """Run the job and return rank 0's result (the monitored metric, for sweepers). ``hydra_files``: the
-    ``.hydra/`` files to write once a resume is accepted (``app.run_folder``)."""
-    from app.launching.slurm import requeued
+    ``.hydra/`` files to write once a resume is accepted (``app.run_folder``).
+
+    Stopped by SLURM's warning signal (a time limit ahead), a SLURM job requeues itself once the run
+    has stopped and saved (``app.launching.slurm_requeue``)."""
+    from app.launching.slurm_requeue import requeue_after_stop
+
+    try:
+        return _launch(cfg, run_dir, hydra_files)
+    except (RunInterrupted, Interrupted) as stopped:
+        requeue_after_stop(stopped.signum, run_dir)
+        raise
+
+
+def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -> float | None:
+    from app.launching.slurm import requeued, srun_rank
 
     adopt_slurm_layout()  # a submitit job does not pass through app.__main__
     if cfg.resume is None and requeued(os.environ):
@@ -73,6 +89,9 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
         rank = int(os.environ["RANK"])
         if rank != 0:
             configure_worker_logging(rank, log_file=None)
+        if srun_rank(os.environ):
+            # srun started the ranks: no launcher collects their errors, so each says its own.
+            return _reraise(_failing_in_one_sentence(rank, _interruptible, run, cfg, run_dir, hydra_files))
         # torchrun forwards SIGINT/SIGTERM to every rank; an interrupted rank returns (not raises) so
         # that its error file stays empty, then exits 130/143 like a single process.
         from torch.distributed.elastic.multiprocessing.errors import record
@@ -111,6 +130,22 @@ def _interruptible(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
     except (RunInterrupted, Interrupted) as interrupted:
         return interrupted
+
+
+def _failing_in_one_sentence(rank: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``; an error (other than refused input) becomes :class:`WorkerFailed` naming this rank,
+    after its traceback. A rank whose peer failed first says so too ("Connection closed by peer")."""
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - reported as this rank's failure, then re-raised
+        # srun now stops the job's other tasks (--kill-on-bad-exit); this one finishes saying why.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        traceback.print_exc()
+        said = str(err).strip().splitlines()
+        raise WorkerFailed(f"rank {rank} failed: {type(err).__name__}" + (f": {said[0]}" if said else "")) from None
 
 
 def _reraise(result: Any) -> Any:

@@ -10,6 +10,9 @@ checkpoint numbering and the same TensorBoard run, and trains the same task with
 With ``mode=eval`` the path may also be an exported ``model/`` folder, and no ``hydra.run.dir`` is
 added: the evaluation gets a new run folder.
 
+A job SLURM started again (requeued: ``SLURM_RESTART_COUNT`` > 0) without ``resume=`` gets
+``resume=auto``: it continues its run folder's newest valid checkpoint (``app.launching.slurm``).
+
 Left alone: no ``resume=``, ``resume=auto`` (the run folder is whatever ``hydra.run.dir`` says;
 pass the same ``hydra.run.dir`` as the interrupted run), an explicit ``hydra.run.dir`` when training
 (resume the weights into another folder), and multirun sweeps. A path without a checkpoint fails here, with one
@@ -18,10 +21,12 @@ sentence, before any folder is created; the files are hashed later, by the run i
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from app.engine.checkpoint_resume import is_model_folder
 from app.launching.overrides import override_key, quote, unquote
+from app.launching.slurm import requeued
 
 
 def original_overrides(run_folder: Path) -> list[str]:
@@ -40,13 +45,16 @@ def argv_for_resume(argv: list[str]) -> list[str]:
     """The Hydra arguments for a ``resume=<path>`` command line (``argv`` without the program)."""
     overrides = [arg for arg in argv if not arg.startswith("-")]
     given = {override_key(arg) for arg in overrides}
+    multirun = any(arg in ("-m", "--multirun") for arg in argv)
+    if "resume" not in given and not multirun and requeued(os.environ):
+        # Before the run folder is claimed: a new run would be refused in a folder with checkpoints.
+        return [*argv, "resume=auto"]
     resume = [arg.split("=", 1)[1] for arg in overrides if override_key(arg) == "resume" and "=" in arg]
     # mode=eval reads the weights and writes into a new run folder (the trained run stays untouched),
     # wherever hydra.run.dir puts it.
     evaluating = any(override_key(arg) == "mode" and unquote(arg.split("=", 1)[1]) == "eval"
                      for arg in overrides if "=" in arg)
-    if (not resume or ("hydra.run.dir" in given and not evaluating)
-            or any(arg in ("-m", "--multirun") for arg in argv)):
+    if not resume or ("hydra.run.dir" in given and not evaluating) or multirun:
         return argv
     value = unquote(resume[-1])
     if value in ("auto", "null", "None", ""):

@@ -12,8 +12,12 @@ would, so the rest of the app treats it as a torchrun rank (one run folder, rank
 Only inside a step that srun started (SLURM_STEP_NUM_TASKS is set): a batch script also sees
 SLURM_PROCID=0 and SLURM_NTASKS, but it is one process, which must start its workers itself.
 
-A job SLURM requeued (preemption, or a time limit with ``max_num_timeout``) continues from its newest
-valid checkpoint: SLURM_RESTART_COUNT > 0 turns ``resume: null`` into ``resume=auto``.
+Each task also gets ``OMP_NUM_THREADS`` = its CPUs (SLURM_CPUS_PER_TASK, else 1) unless it is set, as
+torchrun does: tasks sharing a node must not each start a thread per core.
+
+A job SLURM requeued (preemption, ``scontrol requeue``, or the job itself on the time-limit warning:
+``app.launching.slurm_requeue``) continues from its newest valid checkpoint: SLURM_RESTART_COUNT > 0
+turns ``resume: null`` into ``resume=auto``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,17 @@ def slurm_layout(environ: Mapping[str, str]) -> dict[str, str] | None:
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
         "MASTER_PORT": port,
     }
+
+
+def srun_rank(environ: Mapping[str, str]) -> bool:
+    """Whether this process is one rank of a job whose ranks srun started itself (no torchrun agent
+    between them: no launcher collects their errors, each says its own)."""
+    return slurm_layout(environ) is not None and "TORCHELASTIC_RUN_ID" not in environ
+
+
+def task_threads(environ: Mapping[str, str]) -> str:
+    """OMP_NUM_THREADS for a task: the CPUs SLURM gave it (one by default)."""
+    return environ.get("SLURM_CPUS_PER_TASK") or "1"
 
 
 def requeued(environ: Mapping[str, str]) -> bool:
