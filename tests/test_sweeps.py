@@ -112,7 +112,9 @@ def test_sweep_configs_compose(tmp_path: Path) -> None:
     assert cfg["task"]["name"] == "glue_mrpc" and cfg["early_stopping"]["monitor"] == "eval/f1"
     sweeper, launcher = cfg["hydra"]["sweeper"], cfg["hydra"]["launcher"]
     assert sweeper["direction"] == "max" and sweeper["storage"].endswith("/optuna.db")
-    assert launcher["tasks_per_node"] == 2 and launcher["max_num_timeout"] > 0
+    # One task per process: taken from each job's hardware.num_processes (null here).
+    assert launcher["_target_"] == "hydra_plugins.app_launchers.SlurmLauncher" and launcher["tasks_per_node"] is None
+    assert launcher["max_num_timeout"] > 0
     assert REPO.joinpath("conf", "hparams_search", "digits_optuna.yaml").exists()
 
 

@@ -5,6 +5,9 @@ that runs inside a worker is ``app/engine/``.
 - ``resume_argv.py``: ``resume=<path>`` rewritten to the original run's overrides and run folder;
 - ``torchrun.py``: the ranks of a torchrun job agree on one run folder before Hydra creates any;
 - ``slurm.py``: a SLURM task's rank and master, exported as torchrun would; requeued jobs resume;
+- ``slurm_requeue.py``: a SLURM job told its time limit is near (SIGUSR1) requeues itself after saving;
+- ``slurm_batch.py``, ``slurm_sweep.py``: ``hydra/launcher=slurm``: one batch script per job of a
+  sweep (``srun python -m app ...``), followed with ``squeue`` until it ends;
 - ``overrides.py``: reading and quoting ``key=value`` overrides on the raw command line;
 - ``launch.py``: validate, then run here or start the workers (``launch``), and each worker's logging;
 - ``processes.py``: the one way to start N local processes (torch's elastic launcher), for
