@@ -1,6 +1,7 @@
-"""Ctrl-C and preemption with real signals on real processes: the first SIGINT/SIGTERM finishes the
-step, saves a complete checkpoint, says how to resume and exits 130/143; resuming continues exactly
-(1 process, and 2 processes where only the launcher is signalled, as Kubernetes does)."""
+"""Ctrl-C and preemption with real signals on real processes: the first SIGINT/SIGTERM/SIGUSR1 finishes
+the step, saves a complete checkpoint (also with periodic checkpoints off), says how to resume and exits
+130/143/138; resuming continues exactly (1 process, and 2 processes where only the launcher is
+signalled, as Kubernetes does, or every process of the job, as SLURM does)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,22 @@ def workers_of(launcher: int) -> list[int]:
     return sorted(pid for pid, parent in parents.items() if parent in children)
 
 
-def interrupt_once_training(run_dir: Path, sig: int, *args: str, one_worker: bool = False,
+# Periodic checkpoints off: only the signal saves.
+NO_PERIODIC = ("checkpoint.every_n_steps=null", "checkpoint.every_epoch=false")
+
+
+def interrupt_once_training(run_dir: Path, sig: int, *args: str, one_worker: bool = False, group: bool = False,
                             ) -> subprocess.CompletedProcess[str]:
-    """Start a run, let it train a few steps, then send ``sig`` to it (or to one of its workers only)."""
+    """Start a run, let it train a few steps, then send ``sig`` to it (or to one of its workers only, or
+    to every process of the job: its own session's process group)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, *args, f"hydra.run.dir={run_dir}"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=group)
     wait_for_training(proc, run_dir)
-    if one_worker:
+    if group:
+        os.killpg(proc.pid, sig)
+    elif one_worker:
         workers = workers_of(proc.pid)
         if len(workers) != 2:
             proc.kill()
@@ -74,7 +83,7 @@ def wait_for_training(proc: subprocess.Popen[str], run_dir: Path, steps: int = 3
 
 
 def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> int:
-    found = re.search(rf"interrupted \((SIGINT|SIGTERM)\) at step (\d+); resume with: python -m app "
+    found = re.search(rf"interrupted \((SIGINT|SIGTERM|SIGUSR1)\) at step (\d+); resume with: python -m app "
                       rf"resume={re.escape(str(run_dir))}", proc.stdout + proc.stderr)
     assert found, proc.stdout[-3000:] + proc.stderr[-3000:]
     step = int(found.group(2))
@@ -85,20 +94,28 @@ def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> i
 
 
 @pytest.mark.timeout(300)
-def test_sigint_then_sigterm_save_exit_130_143_and_resume_exactly(tmp_path):
+def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc = interrupt_once_training(run, signal.SIGINT)
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     first = interrupted_step(proc, run)
 
-    proc = interrupt_once_training(run, signal.SIGTERM, f"resume={run}")
+    # Periodic checkpoints off: the signal's own checkpoint is what the printed resume continues.
+    proc = interrupt_once_training(run, signal.SIGTERM, f"resume={run}", *NO_PERIODIC)
     assert proc.returncode == 143, proc.stderr[-3000:]
     second = interrupted_step(proc, run)
     assert second > first
 
+    # SIGUSR1: what SLURM sends before a time limit (--signal=USR1@<s>) and with scancel --signal=USR1.
+    proc = interrupt_once_training(run, signal.SIGUSR1, f"resume={run}", *NO_PERIODIC)
+    assert proc.returncode == 138, proc.stderr[-3000:]
+    assert "SIGUSR1: stopping after the current step and saving a checkpoint" in proc.stderr
+    third = interrupted_step(proc, run)
+    assert third > second
+
     # Resumed to a few steps more, it ends where an uninterrupted run ends, bit for bit.
-    target = second + 3
+    target = third + 3
     run_app(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, check=True, timeout=120)
     reference = tmp_path / "reference"
     run_app(*ENDLESS, f"trainer.max_steps={target}", f"hydra.run.dir={reference}", cwd=tmp_path, check=True,
@@ -111,10 +128,10 @@ def test_sigint_then_sigterm_save_exit_130_143_and_resume_exactly(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_a_signal_to_the_launcher_or_one_rank_stops_both_at_one_step_and_resumes_exactly(tmp_path):
+def test_a_signal_to_the_launcher_one_rank_or_all_stops_both_at_one_step_and_resumes_exactly(tmp_path):
     two = ("hardware=multi_cpu", "hardware.num_processes=2")
     run = tmp_path / "run"
-    proc = interrupt_once_training(run, signal.SIGTERM, *two)
+    proc = interrupt_once_training(run, signal.SIGTERM, *two, *NO_PERIODIC)
     assert proc.returncode == 143, proc.stderr[-3000:]
     first = interrupted_step(proc, run)
     assert complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
@@ -122,8 +139,15 @@ def test_a_signal_to_the_launcher_or_one_rank_stops_both_at_one_step_and_resumes
     # Ctrl-C reaching one worker only (not the launcher, not the other rank): both stop at one step.
     proc = interrupt_once_training(run, signal.SIGINT, *two, f"resume={run}", one_worker=True)
     assert proc.returncode == 130, proc.stderr[-3000:]
+    second = interrupted_step(proc, run)
+    assert second > first and complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
+
+    # SIGUSR1 to every process of the job, as SLURM signals a job's processes (the fork server too).
+    proc = interrupt_once_training(run, signal.SIGUSR1, *two, f"resume={run}", *NO_PERIODIC, group=True)
+    assert proc.returncode == 138, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     step = interrupted_step(proc, run)
-    assert step > first and complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
+    assert step > second and complete_checkpoints(run / "checkpoints")[-1][1].world_size == 2
 
     target = step + 3
     run_app(f"resume={run}", f"trainer.max_steps={target}", cwd=tmp_path, check=True, timeout=120)
