@@ -218,6 +218,28 @@ def test_past_max_num_timeout_the_job_ends_with_its_checkpoint_and_the_resume_co
     assert re.search(r"Restarts=0\b", slurm.run("scontrol", "show", "job", job_id).stdout)
 
 
+@pytest.mark.timeout(120)
+def test_a_sweep_that_sbatch_refuses_stops_in_one_sentence(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # A partition the cluster does not have.
+    sweep = tmp_path / "sweep"
+    refused = run_app(*ON_SLURM, "hydra.launcher.partition=nowhere", "optim.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}",
+                      *TINY, cwd=tmp_path, env=slurm_env(slurm), timeout=100)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: sbatch refused {sweep / '.slurm' / '0.sbatch'}: ") and "partition" in last, last
+    assert not slurm.run("squeue", "-h", "-o", "%i").stdout.strip()  # nothing left queued
+
+
+@pytest.mark.timeout(120)
+def test_a_slurm_sweep_without_slurm_here_stops_in_one_sentence(tmp_path: Path) -> None:
+    no_slurm = run_app(*ON_SLURM, f"hydra.sweep.dir={tmp_path / 'other'}", *TINY, cwd=tmp_path, timeout=100,
+                       env={"PATH": str(Path(sys.executable).parent)})
+    assert no_slurm.returncode == 2, no_slurm.stderr[-3000:]
+    assert no_slurm.stderr.strip().splitlines()[-1] == (
+        "error: hydra/launcher=slurm needs SLURM's sbatch, which is not on PATH: run the sweep on a machine of "
+        "the cluster (a login node).")
+
+
 # The README's batch script (section "SLURM"), with this machine's interpreter and the test's layout.
 README_SCRIPT = """#!/bin/bash
 #SBATCH --requeue --signal=USR1@120 --open-mode=append

@@ -56,8 +56,8 @@ _INTERRUPTED = re.compile(r"interrupted \(SIG\w+\) .*")
 _SLURM_SAYS = re.compile(r"error: (\*\*\* .* \*\*\*)")
 
 
-class SlurmLaunchError(CompactHydraException):
-    """sbatch refused a job; the message says why (the sweep stops, its submitted jobs cancelled)."""
+class SlurmLaunchError(RuntimeError):
+    """The jobs cannot be submitted (no SLURM here, or sbatch refused one); the message says why."""
 
 
 class SlurmJobFailed(CompactHydraException):
@@ -75,7 +75,11 @@ class Submitted:
 
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    try:
+        return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    except FileNotFoundError:
+        raise SlurmLaunchError(f"hydra/launcher=slurm needs SLURM's {command[0]}, which is not on PATH: run the "
+                               "sweep on a machine of the cluster (a login node).") from None
 
 
 def submit(script: Path) -> str:
@@ -83,19 +87,22 @@ def submit(script: Path) -> str:
     done = _run(["sbatch", "--parsable", str(script)])
     if done.returncode != 0:
         said = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[-1]
-        raise SlurmLaunchError(f"sbatch refused {script}: {said.removeprefix('sbatch: error: ')}")
+        raise SlurmLaunchError(f"sbatch refused {script}: {said.removeprefix('sbatch: error: ')}.")
     return done.stdout.strip().split(";")[0]
 
 
-def queue_states(job_ids: Sequence[str]) -> dict[str, str] | None:
+class QueueUnavailable(RuntimeError):
+    """squeue did not answer (the controller is busy or restarting): ask again later."""
+
+
+def queue_states(job_ids: Sequence[str]) -> dict[str, str]:
     """Each job's state as squeue shows it (ended jobs too, for MinJobAge); a job it no longer knows is
-    absent. None: squeue could not answer (the controller is busy or restarting)."""
+    absent. Raises QueueUnavailable when squeue fails."""
     done = _run(["squeue", "--noheader", "--states=all", "--format=%i|%T", f"--jobs={','.join(job_ids)}"])
     if done.returncode != 0:
         if "Invalid job id" in done.stderr:
             return {}  # every one of them ended long enough ago
-        log.warning("squeue failed (%s); asking again", done.stderr.strip() or done.returncode)
-        return None
+        raise QueueUnavailable(done.stderr.strip() or f"exit code {done.returncode}")
     states = {}
     for line in done.stdout.splitlines():
         job_id, _, state = line.strip().partition("|")
@@ -139,18 +146,30 @@ class SlurmSweep:
                 submitted.append(Submitted(job, job_id, self.log_folder / f"{job.number}_{job_id}"))
                 log.info("job %d: SLURM job %s (%s), run folder %s", job.number, job_id, " ".join(overrides),
                          job.run_dir)
-        except SlurmLaunchError:
+        except SlurmLaunchError as err:
+            # Bad input, as a refused config is: one sentence, exit 2, nothing left running.
             cancel([s.job_id for s in submitted])
-            raise
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
         self.wait(submitted)
         return [job_return(s) for s in submitted]
 
     def wait(self, submitted: list[Submitted]) -> None:
         """Until every job has ended."""
         waiting = {s.job_id: s for s in submitted}
+        unanswered: str | None = None
         try:
             while waiting:
-                states = queue_states(list(waiting))
+                try:
+                    states = queue_states(list(waiting))
+                except QueueUnavailable as err:
+                    if unanswered is None:  # said once, not at every poll
+                        log.warning("squeue does not answer (%s); asking again every %s s", err, self.options.poll_s)
+                    unanswered, states = str(err), None
+                else:
+                    if unanswered is not None:
+                        log.info("squeue answers again")
+                    unanswered = None
                 if states is not None:
                     for job_id, sub in list(waiting.items()):
                         if self.has_ended(sub, states.get(job_id, GONE)):
@@ -181,7 +200,7 @@ class SlurmSweep:
 
 def cancel(job_ids: Sequence[str]) -> None:
     if job_ids:
-        _run(["scancel", *job_ids])
+        subprocess.run(["scancel", *job_ids], capture_output=True, check=False, timeout=120)
 
 
 def job_return(sub: Submitted) -> JobReturn:
