@@ -57,10 +57,9 @@ def requeue_after_stop(signum: int, run_dir: Path, environ: Mapping[str, str] = 
     done = requeues_so_far(run_dir, job_id)
     if done >= limit:
         log.warning("SLURM job %s is not requeued again: it requeued itself %d time(s), the limit "
-                    "(%s=%d, hydra.launcher.max_num_timeout); its checkpoint is in place", job_id, done,
+                    "(%s=%d, hydra.launcher.max_num_timeout); its newest checkpoint stays in place", job_id, done,
                     MAX_NUM_TIMEOUT_ENV, limit)
         return False
-    (run_dir / REQUEUES_FILE).write_text(f"{job_id} {done + 1}\n")
     # SLURM now ends the job's processes with SIGTERM, this one included: it has nothing left to do
     # but exit.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -68,9 +67,10 @@ def requeue_after_stop(signum: int, run_dir: Path, environ: Mapping[str, str] = 
         subprocess.run(["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as err:
         said = getattr(err, "stderr", None) or err
-        log.warning("SLURM job %s could not be requeued (%s); was it submitted with --requeue? Its checkpoint "
-                    "is in place", job_id, str(said).strip())
+        log.warning("SLURM job %s could not be requeued (%s); was it submitted with --requeue? Its newest "
+                    "checkpoint stays in place", job_id, str(said).strip())
         return False
-    log.info("SLURM job %s requeued itself (%d of %d): it continues from this checkpoint when SLURM starts it "
-             "again", job_id, done + 1, limit)
+    (run_dir / REQUEUES_FILE).write_text(f"{job_id} {done + 1}\n")
+    log.info("SLURM job %s requeued itself (%d of %d): when SLURM starts it again, it continues from its newest "
+             "checkpoint", job_id, done + 1, limit)
     return True
