@@ -93,7 +93,7 @@ def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> i
     return step
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # five runs; under heavy load each can take a minute
 def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
     proc = interrupt_once_training(run, signal.SIGINT)
@@ -127,7 +127,7 @@ def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp
 
 
 @pytest.mark.multiprocess
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # five runs; under heavy load each can take a minute
 def test_a_signal_to_the_launcher_one_rank_or_all_stops_both_at_one_step_and_resumes_exactly(tmp_path):
     two = ("hardware=multi_cpu", "hardware.num_processes=2")
     run = tmp_path / "run"
