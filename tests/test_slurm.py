@@ -5,8 +5,9 @@ running job that saves at the step, requeues and continues by itself to the unin
 weights, the time-limit requeue limit, and the README's plain ``sbatch`` script on one node and on two.
 
 Where SLURM cannot run (not installed, not root) every test here skips, saying why. A run is held at a
-known step by the fault point (``APP_FAIL_MODE=stop``: rank 0 stops itself with SIGSTOP), so each
-signal reaches a run that is training and cannot have ended: no timing decides a result.
+known step by the fault point (``APP_FAIL_MODE=hold``: rank 0 waits there until a stop signal has
+arrived), so each signal reaches a run that is training and cannot have passed that step, whenever
+SLURM delivers it: no timing decides a result.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import csv
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -75,38 +75,17 @@ def weights(run: Path) -> bytes:
     return (run / "model" / "model.safetensors").read_bytes()
 
 
-def process_state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def held_rank0(run: Path, proc: subprocess.Popen[str], before: int | None = None, timeout: float = 200) -> int:
-    """The pid of the job's rank 0 once it has stopped itself at its held step (it owns the run
-    folder's lock: its pid is in ``.lock``); ``before``: the previous run's rank 0, not this one."""
+def wait_for_hold(sweep: Path, step: int, proc: subprocess.Popen[str], timeout: float = 200) -> str:
+    """Until the sweep's job 0 is held at ``step`` (its rank 0 waits there for a stop signal: the fault
+    point's ``APP_FAIL_MODE=hold``); returns the job's SLURM id."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            pid = int((run / ".lock").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            pid = None
-        if pid is not None and pid != before and process_state(pid) == "T":
-            return pid
+        outputs = list((sweep / ".slurm").glob("0_*.out"))
+        if outputs and f"waits at step {step} for a stop signal" in outputs[0].read_text():
+            return outputs[0].stem.split("_")[1]
         time.sleep(0.05)
     proc.kill()
-    raise AssertionError(f"rank 0 of {run} did not reach its held step:\n{proc.communicate()[0][-3000:]}")
-
-
-def wait_until_pending(pid: int, sig: int, timeout: float = 30) -> None:
-    """Until ``sig`` is pending in the (stopped) process: it has arrived and waits for SIGCONT."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        if int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.MULTILINE).group(1), 16) & (1 << (sig - 1)):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"signal {sig} did not reach process {pid}")
+    raise AssertionError(f"job 0 of {sweep} was not held at step {step}:\n{proc.communicate()[0][-3000:]}")
 
 
 def start_sweep(cluster: SlurmCluster, cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
@@ -168,24 +147,21 @@ def test_scontrol_requeue_then_scancel_usr1_save_requeue_and_resume_by_themselve
     sweep, reference = tmp_path / "sweep", tmp_path / "reference"
     run = sweep / "0"
     proc = start_sweep(slurm, tmp_path, *TWO_TASKS, *LOGGED, "hydra.launcher.max_num_timeout=1",
-                       f"hydra.sweep.dir={sweep}", APP_FAIL_MODE="stop", APP_FAIL_AT_STEP="3,15")
-    first = held_rank0(run, proc)
-    job_id = job_output(sweep)[0]
+                       f"hydra.sweep.dir={sweep}", APP_FAIL_MODE="hold", APP_FAIL_AT_STEP="3,15")
+    job_id = wait_for_hold(sweep, 3, proc)
     slurm.run("scontrol", "requeue", job_id)
     # The uninterrupted run, on two local processes, while SLURM waits to start the job again.
     uninterrupted = subprocess.Popen([sys.executable, "-m", "app", *TWO_TASKS, *LOGGED, f"hydra.run.dir={reference}"],
                                      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    second = held_rank0(run, proc, before=first)
+    wait_for_hold(sweep, 15, proc)
     slurm.run("scancel", "--signal=USR1", job_id)
-    wait_until_pending(second, signal.SIGUSR1)
-    slurm.run("scancel", "--signal=CONT", job_id)
     said = proc.communicate(timeout=300)[0]
     assert proc.returncode == 0, said[-3000:]
     assert uninterrupted.wait(timeout=200) == 0, uninterrupted.communicate()[1][-3000:]
 
     out = job_output(sweep)[1]
     on_term, on_usr1 = saved_at(out, "SIGTERM"), saved_at(out, "SIGUSR1")
-    assert 3 < on_term < 15 < on_usr1 < STEPS
+    assert (on_term, on_usr1) == (4, 16)  # the step after the held one: the ranks agree one step late
     assert f"resumed from {run / 'checkpoints'}" in out and f"(step {on_term}, epoch 0)" in out
     assert f"(step {on_usr1}, epoch 0)" in out
     assert f"SLURM job {job_id} requeued itself (1 of 1)" in out
@@ -201,16 +177,14 @@ def test_past_max_num_timeout_the_job_ends_with_its_checkpoint_and_the_resume_co
     sweep = tmp_path / "sweep"
     run = sweep / "0"
     proc = start_sweep(slurm, tmp_path, *TWO_TASKS, *LOGGED, "hydra.launcher.max_num_timeout=0",
-                       f"hydra.sweep.dir={sweep}", APP_FAIL_MODE="stop", APP_FAIL_AT_STEP="3")
-    held = held_rank0(run, proc)
-    job_id = job_output(sweep)[0]
+                       f"hydra.sweep.dir={sweep}", APP_FAIL_MODE="hold", APP_FAIL_AT_STEP="3")
+    job_id = wait_for_hold(sweep, 3, proc)
     slurm.run("scancel", "--signal=USR1", job_id)
-    wait_until_pending(held, signal.SIGUSR1)
-    slurm.run("scancel", "--signal=CONT", job_id)
     said = proc.communicate(timeout=200)[0]
     assert proc.returncode == 1, said[-3000:]
     _, out, err = job_output(sweep)
     step = saved_at(out, "SIGUSR1")
+    assert step == 4
     assert complete_checkpoints(run / "checkpoints")[-1][1].step == step
     assert f"SLURM job {job_id} is not requeued again" in out + err
     assert (f"job 0 (SLURM job {job_id}) failed: interrupted (SIGUSR1) at step {step}; resume with: "

@@ -193,7 +193,7 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
     window_start = time.perf_counter()
     window_samples = 0
-    inject_fault = fault_point(acc.process_index)  # drills only: see app/engine/faults.py
+    inject_fault = fault_point(acc.process_index, interrupts)  # drills only: see app/engine/faults.py
     # Built once: model.parameters() walks every module, a few per cent of a small model's step.
     # Parameters keep their identity during training (FSDP2 shards them when the model is prepared;
     # checkpoints and weight averages copy into them).
