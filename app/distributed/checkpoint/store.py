@@ -479,7 +479,10 @@ FAULT_ENV = "APP_CHECKPOINT_FAULT"
 process SIGKILL itself at ``<point>`` of that save, where point is ``files`` (half the files
 written), ``before-manifest``, ``before-rename`` or ``before-rotate``; ``disk-full`` makes the
 write after half the files fail with ENOSPC instead (for machines where a test cannot mount a small
-tmpfs). Unset in normal use."""
+tmpfs); ``hold`` makes that save wait for ever after half the files, in Python, so signal handlers run
+(a test's second Ctrl-C always lands inside a checkpoint write), saying so on stderr with
+:data:`HOLD_MESSAGE`. Unset in normal use."""
+HOLD_MESSAGE = "checkpoint write held halfway"
 
 
 def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
@@ -495,4 +498,10 @@ def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if wanted == "disk-full" and point == "files":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if wanted == "hold" and point == "files":
+        import time
+
+        os.write(2, f"{HOLD_MESSAGE} (save {save_number}, {path})\n".encode())
+        while True:
+            time.sleep(0.05)
 
