@@ -31,9 +31,29 @@ ALL_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 
 def free_port() -> int:
+    """A port no one listens on now, chosen by the system (a launch binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("localhost", 0))
         return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether ``host:port`` can be bound now (as the launcher's store will bind it, address reuse on:
+    a port left in TIME_WAIT by an earlier launch counts as free; one still listening does not)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def local_port(host: str, wanted: int) -> int:
+    """``wanted`` if it is free, else a free port: for a launch whose processes all run on this machine,
+    where no other machine needs to know the port (a notebook cell run twice, Accelerate's test
+    scripts calling ``notebook_launcher`` in a row, another job on the default 29500)."""
+    return wanted if port_is_free(host, wanted) else free_port()
 
 
 def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *, start_method: str,
