@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig
 from app.configure import register_configs
+from app.console import protect_output
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.run_folder import CLAIMS, claim_from_argv
 
@@ -44,6 +45,7 @@ def fail(message: str, exit_code: int = 2) -> NoReturn:
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(dict_cfg: DictConfig) -> float | None:
+    protect_output()  # again: a launcher's job process (joblib's) did not pass through the top of this file
     try:
         cfg = OmegaConf.to_object(dict_cfg)
     except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
@@ -190,6 +192,7 @@ def exit_without_teardown(code: int | str | None) -> NoReturn:
 
 
 if __name__ == "__main__":
+    protect_output()  # before anything writes: a pipe closed by Ctrl-C (| tee) drops output, never the run
     interrupt_outside_training()  # from the first moment: Ctrl-C during start-up is no traceback
     try:
         try:

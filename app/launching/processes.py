@@ -203,6 +203,9 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = 
     exception's traceback to the error file the parent reads (``worker_failure``)."""
     # The fork server blocks them (start_worker_server): a worker reacts like any Python process.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    from app.console import protect_output
+
+    protect_output()  # a rank's output to a pipe that Ctrl-C closed (| tee) is dropped; the rank goes on
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
