@@ -15,6 +15,8 @@ import logging
 import os
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig
 from app.configure import register_configs
-from app.console import protect_output
+from app.console import announce, enter_parallel_job, protect_output
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.run_folder import CLAIMS, claim_from_argv
 
@@ -56,6 +58,11 @@ def main(dict_cfg: DictConfig) -> float | None:
              "python -m app --cfg job lists the keys.")
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    with parallel_job_lines(hydra_cfg, run_dir):
+        return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
+
+
+def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float | None:
     if os.environ.get("RANK", "0") == "0":
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
@@ -102,6 +109,43 @@ def main(dict_cfg: DictConfig) -> float | None:
     finally:
         CLAIMS.release(run_dir)
     return None
+
+
+PARALLEL_LAUNCHERS = ("joblib",)
+"""Hydra launchers whose jobs run at once in processes that share the terminal (``hydra/launcher=joblib``,
+``local_parallel``); submitit's jobs write to files of their own already."""
+
+
+@contextlib.contextmanager
+def parallel_job_lines(hydra_cfg: Any, run_dir: Path) -> Iterator[None]:
+    """A job of a parallel launcher keeps its config tree, progress and log to its ``app.log``; the
+    shared terminal gets one line when it starts and one when it ends."""
+    target = str(OmegaConf.select(hydra_cfg, "launcher._target_", default="") or "")
+    if hydra_cfg.mode is not RunMode.MULTIRUN or not any(name in target.lower() for name in PARALLEL_LAUNCHERS):
+        yield
+        return
+    from app.engine.progress import human
+    from app.engine.result import read_result
+
+    job = int(hydra_cfg.job.num)
+    enter_parallel_job(job)
+    announce(f"job {job} started: {' '.join(hydra_cfg.overrides.task)} ({run_dir})")
+    started = time.monotonic()
+    ended = "ended"
+    try:
+        yield
+    except SystemExit as end:  # fail() has said why on stderr
+        ended = f"ended with exit code {end.code}"
+        raise
+    except BaseException as err:
+        ended = f"failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}".rstrip(": ")
+        raise
+    finally:
+        result = read_result(run_dir) or {}
+        if ended == "ended" and result.get("status"):
+            best = result.get("best")
+            ended = str(result["status"]) + (f" ({result.get('monitor')} {human(best)})" if best is not None else "")
+        announce(f"job {job} {ended} after {time.monotonic() - started:.0f} s; its log: {run_dir / 'app.log'}")
 
 
 def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:

@@ -121,3 +121,28 @@ def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):
                        env={k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")})
     text = (tmp_path / "err.log").read_text()
     assert "A new study created" in text and "\x1b" not in text, repr(text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_parallel_optuna_sweep_shows_one_line_per_job_start_and_end(tmp_path):
+    # The README's joblib Optuna command, two trials at once on one terminal.
+    with Terminal(tmp_path, app_command("-m", "hparams_search=digits_optuna", "hydra/launcher=joblib",
+                                        "hydra.sweeper.n_trials=2", "trainer.max_epochs=1", "logging.trackers=[]",
+                                        "hydra.sweep.dir=sweep"), width=120) as term:
+        screen = term.wait_for_exit(280)
+    assert "EXIT=0" in screen, screen[-3000:]
+    lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
+    # No job's config tree, bar or log line on the shared terminal: one line as each job starts and ends.
+    assert not [line for line in lines if line[:1] in "│├└" or line.startswith(("train:", "eval:", "config"))], screen
+    assert "█" not in screen and "[app" not in screen, screen
+    for job in (0, 1):
+        started = [line for line in lines if line.startswith(f"job {job} started: ")]
+        ended = [line for line in lines if line.startswith(f"job {job} finished (eval/accuracy 0.")]
+        assert len(started) == len(ended) == 1, screen
+        assert started[0].endswith(f"({tmp_path / 'sweep' / str(job)})") and "optim.lr=" in started[0]
+        assert ended[0].endswith(f"its log: {tmp_path / 'sweep' / str(job) / 'app.log'}")
+        # What the terminal did not show is in the job's own log: the tree, the progress, the evaluation.
+        log = (tmp_path / "sweep" / str(job) / "app.log").read_text()
+        assert "├── trainer" in log and re.search(r"train: \d+/\d+ steps", log) and "eval/accuracy=" in log
+    assert all(line.startswith(("[", "job ", "EXIT=")) for line in lines), screen  # whole lines only

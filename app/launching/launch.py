@@ -18,6 +18,7 @@ from typing import Any
 
 from app.config import RunConfig
 from app.configure import validate
+from app.console import in_parallel_job
 from app.interrupts import Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
 from app.launching.worker_errors import call_blaming_the_cause
@@ -125,7 +126,9 @@ def configure_worker_logging(rank: int, log_file: str | None) -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
+    # In a parallel sweep's job the terminal is shared: the log goes to the run's log file only.
+    handlers: list[logging.Handler] = [logging.NullHandler() if in_parallel_job() else
+                                       logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
     if rank == 0 and log_file is not None:
         handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
     for handler in handlers:
