@@ -91,6 +91,20 @@ def test_help_lists_every_option_once_with_keys_and_examples_and_no_schemas(tmp_
     assert re.search(r"^   \* cpu\s", text, re.MULTILINE)  # the default is marked
     assert "keys: trainer.max_epochs, trainer.max_steps" in text
     assert "python -m app hardware=multi_cpu hardware.num_processes=2" in text  # the README's examples
+    # Every launcher, Hydra's and its plugins' included, basic the default.
+    launchers = text.split("\n  hydra/launcher\n", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^   ([ *]) (\w+)", launchers, re.MULTILINE) == [
+        ("*", "basic"), (" ", "joblib"), (" ", "local_parallel"), (" ", "slurm"), (" ", "submitit_local")]
+    # Each option's first sentence whole, never cut at a line of its file.
+    options = re.findall(r"^   [ *] (\w+)\s+(.+)$", text, re.MULTILINE)
+    for name, description in options:
+        # A sentence, or (an option without one) the keys it sets and their values.
+        assert description.endswith(".") or re.match(r"^_?\w+: ", description), (name, description)
+        assert not description.endswith(("\\", "(", ",", ":")) and " \\ " not in description, (name, description)
+    # The values shown are the ones the default run uses (the digits task's recipe over the groups').
+    default = compose_config()
+    assert re.search(rf"^   \* adamw\s+lr: {default.optim.lr} ", text, re.MULTILINE), text
+    assert re.search(rf"^   \* default\s+max_epochs: {default.trainer.max_epochs} ", text, re.MULTILINE)
 
 
 @pytest.mark.timeout(120)
