@@ -28,7 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 from app.config import ConfigError, RunConfig
 from app.configure import register_configs
 from app.console import announce, enter_parallel_job, protect_output
+from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
+from app.refusal import RunFolderUndo
 from app.run_folder import CLAIMS, claim_from_argv
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -38,9 +40,13 @@ register_configs()
 
 
 def fail(message: str, exit_code: int = 2) -> NoReturn:
-    """One sentence on stderr (and in the run's log), then a non-zero exit (2: bad input)."""
-    if logging.getLogger().handlers:  # before Hydra set up logging, Python's fallback would print it twice
-        log.error(message)
+    """One sentence on stderr, once, then a non-zero exit: 2, bad input (``main`` then takes back what
+    the run's start wrote), or 1, a run that failed (the sentence also goes to its log file)."""
+    if exit_code != 2:
+        record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, (), None)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.FileHandler):
+                handler.handle(record)
     print(f"error: {message}", file=sys.stderr)
     sys.exit(exit_code)
 
@@ -48,21 +54,37 @@ def fail(message: str, exit_code: int = 2) -> NoReturn:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(dict_cfg: DictConfig) -> float | None:
     protect_output()  # again: a launcher's job process (joblib's) did not pass through the top of this file
-    try:
-        cfg = OmegaConf.to_object(dict_cfg)
-    except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
-        fail(f"invalid configuration: {err}".splitlines()[0])
-    assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
-    if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
-        fail(f"unknown configuration key {unknown[0]} (added with +{unknown[0]}=...?); "
-             "python -m app --cfg job lists the keys.")
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    with parallel_job_lines(hydra_cfg, run_dir):
-        return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
+    # What Hydra has just written (the folder, .hydra/, app.log): taken back if the config is refused.
+    undo = RunFolderUndo.take(run_dir) if os.environ.get("RANK", "0") == "0" else None
+    try:
+        try:
+            cfg = OmegaConf.to_object(dict_cfg)
+        except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
+            fail(f"invalid configuration: {err}".splitlines()[0])
+        assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
+        if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
+            parent: Any = cfg
+            for part in unknown[0].split(".")[:-1]:
+                parent = getattr(parent, part)
+            fail(unknown_key_sentence(unknown[0], parent, added=True))
+        with parallel_job_lines(hydra_cfg, run_dir):
+            return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
+    except SystemExit as end:
+        if end.code == 2 and undo is not None:  # refused: nothing of this run stays behind
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.FileHandler):
+                    handler.close()
+            undo.restore()
+        raise
 
 
 def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path) -> float | None:
+    try:
+        cfg.check()  # the groups' own rules (quick, torch-free) first: a config they refuse names no folder
+    except ConfigError as err:
+        fail(str(err))
     if os.environ.get("RANK", "0") == "0":
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
@@ -206,13 +228,27 @@ def cli() -> None:
         sys.argv[1:] = argv_for_rank(sys.argv[1:], CONF_DIR)
     except LaunchError as err:
         fail(str(err))
+    named = [arg.split("=", 1)[1] for arg in sys.argv[1:] if arg.startswith("hydra.run.dir=")]
+    new_folder = Path(named[-1].strip("'\"")) if named and not Path(named[-1].strip("'\"")).exists() else None
     try:
         # A named run folder is checked and locked before Hydra writes anything into it.
         sys.argv[1:] = claim_from_argv(sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    # Hydra's composition errors reach us instead of being printed by Hydra (with the schemas among
+    # the options, and a "+key" hint for a key the app then refuses): said here in one sentence.
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")
     try:
         main()
+    except (ConfigCompositionException, OverrideParseException) as err:
+        CLAIMS.release_all()
+        if new_folder is not None:
+            with contextlib.suppress(OSError):
+                new_folder.rmdir()  # made for the claim above, still empty: refused, nothing stays
+        fail(composition_sentence(err) if isinstance(err, ConfigCompositionException) else
+             f"cannot read the override {err.override}: {str(err.message).splitlines()[0].rstrip('.')}.")
     finally:
         CLAIMS.release_all()  # also when Hydra itself refuses the config
 
