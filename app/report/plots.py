@@ -48,6 +48,7 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
         curves.plot(steps, metric, marker=".", linewidth=2.6 if is_best else 1.0, alpha=1.0 if is_best else 0.7,
                     label=f"job {row.job}{' (best)' if is_best else ''}" + ("" if row.status == "finished"
                                                                              else f" [{row.status}]"))
+    _mark_pruned(curves, rows)
     curves.set_xlabel("optimizer step")
     curves.set_ylabel(monitor)
     curves.set_title(f"{monitor} per job")
@@ -85,6 +86,13 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def _mark_pruned(ax: Any, rows: list[JobRow]) -> None:
+    """A black x where a pruned sweep's pruner stopped a job (its last evaluation)."""
+    stops = [row.curve[-1] for row in rows if row.pruned_step is not None and row.curve]
+    if stops:
+        ax.scatter(*zip(*stops), marker="x", s=60, color="black", zorder=4, label=f"pruned ({len(stops)})")
 
 
 def plot_run(folder: Path, path: Path) -> None:
