@@ -50,6 +50,9 @@ class NumberedJobs:
 
     def job_folder(self, number: int, overrides: Sequence[str]) -> Path:
         """Where the launcher will run this job (``hydra.sweep.dir``/``hydra.sweep.subdir``)."""
+        raw = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)
+        if isinstance(raw, dict) and raw.get("subdir") == "${hydra.job.num}":
+            return Path(str(self.config.hydra.sweep.dir)) / str(number)  # Hydra's default, without composing the job
         job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(job_cfg):
             job_cfg.hydra.job.num = number

@@ -72,3 +72,14 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     except ArgumentError:
         raise ConfigError(f"hydra.sweeper.storage={scheme}... is not a database URL (sqlite:///<file>, "
                           "postgresql://<user>@<host>/<database>, ...).") from None
+
+
+def shown(url: str) -> str:
+    """A storage URL for logs and messages: its password masked."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url.split("://")[0] + "://..."

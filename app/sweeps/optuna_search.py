@@ -32,7 +32,7 @@ from optuna.trial import FrozenTrial, TrialState
 from app.config import ConfigError, MonitorMode
 from app.sweeps.jobs import NumberedJobs
 from app.sweeps.optuna_config import OptunaSweeperConfig, PrunerName, SamplerName
-from app.sweeps.optuna_objects import build_pruner, build_sampler, open_storage
+from app.sweeps.optuna_objects import build_pruner, build_sampler, open_storage, shown
 from app.sweeps.search_space import SearchSpace, parse_search_space
 from app.sweeps.study_link import FOLDER_ATTR, PRUNED_ATTR, StudyLink, exported, folder_key
 
@@ -63,24 +63,24 @@ class OptunaSearch:
         sweep_dir = Path(str(self.sweep_config.hydra.sweep.dir))
         sampler = build_sampler(s.sampler, s.seed, space)  # refuses a grid of intervals before anything is written
         sweep_dir.mkdir(parents=True, exist_ok=True)  # the SQLite storage lives there
-        if not (sweep_dir / "multirun.yaml").exists():  # a continued study keeps its first command's
-            OmegaConf.save(self.sweep_config, sweep_dir / "multirun.yaml")
         url = self.storage_url(sweep_dir)
         self.storage = open_storage(url)
         study = optuna.create_study(study_name=s.study_name, storage=self.storage, sampler=sampler,
                                     pruner=build_pruner(s.pruner, s.pruner_warmup_evaluations, s.pruner_startup_trials),
                                     direction=self.direction, load_if_exists=True)
         if study.direction != self.direction:
-            raise ConfigError(f"study {s.study_name} in {url} was made to {study.direction.name.lower()}, not to "
+            raise ConfigError(f"study {s.study_name} in {shown(url)} was made to {study.direction.name.lower()}, not to "
                               f"{self.direction.name.lower()} (early_stopping.mode={s.direction.value}); use another "
                               "hydra.sweeper.study_name or hydra.sweep.dir.")
+        if not (sweep_dir / "multirun.yaml").exists():  # a continued study keeps its first command's
+            OmegaConf.save(self.sweep_config, sweep_dir / "multirun.yaml")
         n_trials = s.n_trials
         if s.sampler is SamplerName.grid:
             n_trials = min(n_trials, math.prod(len(v) for v in space.grid().values()))
         stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         asked = len(study.get_trials(deepcopy=False)) - len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
         log.info("study %s in %s (%s, %s sampler, %s pruner): %d trial(s) so far, %d left running by an "
-                 "interrupted sweep; %d to go", study.study_name, url, study.direction.name.lower(), s.sampler.value,
+                 "interrupted sweep; %d to go", study.study_name, shown(url), study.direction.name.lower(), s.sampler.value,
                  s.pruner.value, asked, len(stale), max(0, n_trials - asked) + len(stale))
         link = None if s.pruner is PrunerName.none else StudyLink(
             storage=url, study_name=s.study_name, pruner=s.pruner, warmup_evaluations=s.pruner_warmup_evaluations,

@@ -103,7 +103,8 @@ def parse_search_space(params: dict[str, str], arguments: Sequence[str],
     try:
         parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(lines)
     except OverrideParseException as err:
-        raise ConfigError(str(err).splitlines()[0]) from None
+        raise ConfigError(f"cannot parse the sweep override {err.override!r} ({err.message.splitlines()[0]}); see "
+                          "hydra.sweeper.params in conf/hydra/sweeper/optuna.yaml for the syntax.") from None
     latest: dict[str, Override] = {}
     for override in parsed:
         latest.pop(override.get_key_element(), None)  # the later one also takes the later place
@@ -153,9 +154,12 @@ def _range(key: str, override: Override) -> BaseDistribution:
         return IntDistribution(low, high, log="log" in tags, step=step)
     if "log" in tags:
         raise ConfigError(f"{key}: tag(log, range(...)) needs integers; use tag(log, interval(a, b)) for floats.")
+    # Hydra's float range adds binary fractions (0.30000000000000004): rounded, the bounds are a whole
+    # number of steps apart, as Optuna checks.
+    low, high = round(float(low), 12), round(float(high), 12)
     if len(values) == 1:
-        return FloatDistribution(float(values[0]), float(values[0]))
-    return FloatDistribution(float(values[0]), float(values[-1]), step=float(step))
+        return FloatDistribution(low, high)
+    return FloatDistribution(low, high, step=float(step))
 
 
 def _choice(space: SearchSpace, key: str, override: Override) -> None:
