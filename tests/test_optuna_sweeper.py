@@ -108,6 +108,14 @@ def test_each_sampler_asks_the_same_trials_for_the_same_seed(name: SamplerName) 
 
     first = asked(7)
     assert first == asked(7) and first != asked(8)
+    if name is SamplerName.grid:  # told its last trial, Optuna's grid sampler would stop the study: only optimize() may
+        space = parse_search_space({"lr": "choice(1e-3, 1e-2)"}, [])
+        study = optuna.create_study(sampler=build_sampler(name, 7, space))
+        for _ in range(2):
+            trial = study.ask()
+            space.suggest(trial)
+            study.tell(trial, 1.0)
+        assert sorted(t.params["lr"] for t in study.trials) == [1e-3, 1e-2]
 
 
 def test_a_sampler_without_its_package_is_refused_in_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.config import ConfigError
 from app.sweeps.optuna_config import PrunerName, SamplerName
@@ -41,7 +41,13 @@ def build_sampler(name: SamplerName, seed: int | None, space: SearchSpace) -> op
         if name is SamplerName.gp:
             return optuna.samplers.GPSampler(seed=seed)
     assert name is SamplerName.grid
-    return optuna.samplers.GridSampler(space.grid(), seed=seed)
+
+    class GridSampler(optuna.samplers.GridSampler):
+        def after_trial(self, *args: Any, **kwargs: Any) -> None:
+            """Nothing: Optuna's stops the study once its grid is done, which only an optimize() loop
+            allows (ask/tell raises); our sweeper asks no more trials than the grid holds."""
+
+    return GridSampler(space.grid(), seed=seed)
 
 
 def build_pruner(name: PrunerName, warmup_evaluations: int, startup_trials: int) -> optuna.pruners.BasePruner:
