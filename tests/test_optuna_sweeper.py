@@ -5,6 +5,7 @@ two), is killed, and resumes with the same command without running a finished or
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def test_the_median_pruner_waits_for_its_warm_up_and_startup_trials() -> None:
     assert isinstance(build_pruner(PrunerName.none, 2, 5), optuna.pruners.NopPruner)
 
 
-def test_the_study_link_a_job_inherits(tmp_path: Path) -> None:
+def test_the_study_link_a_job_inherits(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from app.engine.pruning import NoPruning
     from app.sweeps.trial_pruning import build_pruning
     from tests.conftest import compose_config
@@ -164,6 +165,18 @@ def test_the_study_link_a_job_inherits(tmp_path: Path) -> None:
     with exported(link):
         assert isinstance(build_pruning(compose_config(), tmp_path, is_main_process=False), NoPruning)
     assert isinstance(build_pruning(compose_config(), tmp_path, is_main_process=True), NoPruning)  # not in a sweep
+    # The main process of a job whose folder no running trial has: said, and not pruned.
+    link = StudyLink(storage=study_with(tmp_path / "search"), study_name="app", pruner=PrunerName.median,
+                     warmup_evaluations=2, startup_trials=5)
+    with exported(link), caplog.at_level(logging.WARNING):
+        assert isinstance(build_pruning(compose_config(), tmp_path / "search" / "0", is_main_process=True), NoPruning)
+    assert f"no running trial of study app has the run folder {tmp_path / 'search' / '0'}" in caplog.text
+
+
+def test_the_sweep_stack_is_current() -> None:
+    import sqlalchemy
+
+    assert int(optuna.__version__.split(".")[0]) >= 4 and int(sqlalchemy.__version__.split(".")[0]) >= 2
 
 
 def test_sweeper_settings_that_cannot_work_are_one_sentence(tmp_path: Path) -> None:
