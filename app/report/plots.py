@@ -57,7 +57,8 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
         curves.legend(fontsize=7)
 
     finished = [r for r in rows if r.objective() is not None]
-    left_out = len(rows) - len(finished)
+    left_out = ", ".join(f"{sum(r.status == status for r in rows if r not in finished)} {status}"
+                         for status in dict.fromkeys(r.status for r in rows if r not in finished))
     for ax, key in zip(axes[1:], keys):
         values = [r.params.get(key, "") for r in finished]
         numbers = [_as_number(v) for v in values]
@@ -78,7 +79,7 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
             ax.annotate(str(row.job), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
         ax.set_xlabel(key)
         ax.set_ylabel(f"best {monitor}")
-        ax.set_title(f"objective vs {key}" + (f" ({left_out} unfinished/failed not shown)" if left_out else ""),
+        ax.set_title(f"objective vs {key}" + (f" ({left_out} not shown)" if left_out else ""),
                      fontsize=9)
         ax.grid(alpha=0.3)
         if best is not None:

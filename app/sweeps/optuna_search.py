@@ -111,8 +111,8 @@ class OptunaSearch:
         """Each trial's job folder in the study, where its job looks for its trial (and the dashboard shows it)."""
         study_id = self.storage.get_study_id_from_name(study.study_name)
         for number, overrides in batch:
-            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
-            self.storage.set_trial_user_attr(trial_id, FOLDER_ATTR, folder_key(self.jobs.job_folder(number, overrides)))
+            trial = optuna.trial.Trial(study, self.storage.get_trial_id_from_study_id_trial_number(study_id, number))
+            trial.set_user_attr(FOLDER_ATTR, folder_key(self.jobs.job_folder(number, overrides)))
 
     def _tell(self, study: optuna.Study, numbers: Sequence[int], returns: Sequence[JobReturn]) -> None:
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
