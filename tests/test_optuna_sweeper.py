@@ -162,14 +162,15 @@ def test_the_study_link_a_job_inherits(tmp_path: Path, caplog: pytest.LogCapture
         StudyLink.from_env(environ)
     assert StudyLink.from_env({}) is None
     # Only the main process talks to the study: another one never opens the storage (that one would fail).
+    cfg = compose_config()
     with exported(link):
-        assert isinstance(build_pruning(compose_config(), tmp_path, is_main_process=False), NoPruning)
-    assert isinstance(build_pruning(compose_config(), tmp_path, is_main_process=True), NoPruning)  # not in a sweep
+        assert isinstance(build_pruning(cfg, tmp_path, is_main_process=False), NoPruning)
+    assert isinstance(build_pruning(cfg, tmp_path, is_main_process=True), NoPruning)  # not in a sweep
     # The main process of a job whose folder no running trial has: said, and not pruned.
     link = StudyLink(storage=study_with(tmp_path / "search"), study_name="app", pruner=PrunerName.median,
                      warmup_evaluations=2, startup_trials=5)
     with exported(link), caplog.at_level(logging.WARNING):
-        assert isinstance(build_pruning(compose_config(), tmp_path / "search" / "0", is_main_process=True), NoPruning)
+        assert isinstance(build_pruning(cfg, tmp_path / "search" / "0", is_main_process=True), NoPruning)
     assert f"no running trial of study app has the run folder {tmp_path / 'search' / '0'}" in caplog.text
 
 
