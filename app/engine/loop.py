@@ -21,6 +21,7 @@ from app.config import RunConfig
 from app.distributed import Accelerator
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
+from app.engine.pruning import NoPruning, Pruning
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
@@ -100,6 +101,8 @@ class Components:
     """Progress bars (training and evaluation): logging.progress_bar, on the main process only."""
     profiler: Any = None
     """A ``torch.profiler.profile`` stepped after every optimizer step (trainer.profile_steps)."""
+    pruning: Pruning = field(default_factory=NoPruning)
+    """A pruned sweep's trial reports each evaluation to its study (``app.engine.pruning``)."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -311,4 +314,9 @@ def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,
         state.stop_reason = (f"{stopper.monitor} did not improve for {stopper.bad_evaluations} evaluations "
                              f"(best {human(stopper.best)})")
         acc.set_trigger()
+    if may_stop:  # a scheduled evaluation (the final one between two is not): a pruned sweep's trial reports it
+        pruned = c.pruning.after_evaluation(state.global_step, state.epoch, metrics, state.stop_reason is not None)
+        if pruned is not None:
+            state.stop_reason = pruned
+            acc.set_trigger()
     return metrics

@@ -17,6 +17,9 @@ RESULT_FILE = "result.json"
 
 FINISHED = "finished"
 """Training ended normally (steps, epochs or early stopping); ``best`` is the objective."""
+PRUNED = "pruned"
+"""Stopped by a pruned sweep (``hydra.sweeper.pruner``) as clearly worse than its other trials: an early
+stop that exported its best, told to the study as pruned, never the sweep's best."""
 NAN = "nan"
 """Stopped because the training loss was not finite: reported to a search as a failed trial."""
 FAILED = "failed"

@@ -21,10 +21,11 @@ from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
 from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
 from app.engine.progress import human
-from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
+from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, RESULT_FILE, objective, write_result
 from app.engine.summary import model_summary
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
 from app.run_folder import write_hydra_record
+from app.sweeps.trial_pruning import build_pruning
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
 
     try:
         components = build_components(cfg, accelerator)
+        components.pruning = build_pruning(cfg, run_dir, accelerator.is_main_process)  # a pruned sweep's trial
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
         if accelerator.is_main_process:
@@ -115,8 +117,10 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
             export_model(components, run_dir / "model", metadata)
-        record(FINISHED)
-        return objective(stopper.best, FINISHED)
+        # A pruned trial stopped as on an early stop and exported alike; only its status says pruned.
+        status = FINISHED if components.pruning.pruned_at is None else PRUNED
+        record(status)
+        return objective(stopper.best, status)
     except ConfigError:
         raise  # refused input, reported as such: the run never started
     except RunInterrupted:

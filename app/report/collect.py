@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.engine.result import FINISHED, INTERRUPTED, read_result
+from app.engine.result import FINISHED, INTERRUPTED, PRUNED, read_result
 
 MISSING_RESULT = INTERRUPTED
 """A job folder without result.json: killed, preempted, or still running."""
@@ -40,9 +40,14 @@ class JobRow:
         """The job's overrides as key -> value (what a sweep varies)."""
         return dict(o.lstrip("+~").split("=", 1) for o in self.overrides if "=" in o)
 
+    @property
+    def pruned_step(self) -> int | None:
+        """The optimizer step at which a pruned sweep's pruner stopped this job (None: not pruned)."""
+        return self.steps if self.status == PRUNED else None
+
     def objective(self) -> float | None:
         """The best monitored value of a finished job, for ranking; None for a job that failed, ended
-        on a NaN loss or did not finish (they never win a sweep)."""
+        on a NaN loss, was pruned or did not finish (they never win a sweep)."""
         if self.status != FINISHED or self.best is None or not math.isfinite(self.best):
             return None
         return self.best

@@ -88,6 +88,7 @@ def sweep_figure(rows: list[JobRow]) -> Any:
         curves.plot(steps, metric, marker=".", linewidth=2.6 if is_best else 1.0, alpha=1.0 if is_best else 0.7,
                     label=job_label(row, keys) + (" (best)" if is_best else "") + ("" if row.status == "finished"
                                                                                    else f" [{row.status}]"))
+    _mark_pruned(curves, rows)
     curves.set_xlabel("optimizer step")
     curves.set_ylabel(monitor)
     curves.set_title(f"{monitor} per job")
@@ -96,7 +97,8 @@ def sweep_figure(rows: list[JobRow]) -> Any:
         curves.legend(fontsize=7)
 
     finished = [r for r in rows if r.objective() is not None]
-    left_out = len(rows) - len(finished)
+    left_out = ", ".join(f"{sum(r.status == status for r in rows if r not in finished)} {status}"
+                         for status in dict.fromkeys(r.status for r in rows if r not in finished))
     for ax, key in zip(axes[1:], keys):
         values = [r.params.get(key, "") for r in finished]
         numbers = [_as_number(v) for v in values]
@@ -116,13 +118,20 @@ def sweep_figure(rows: list[JobRow]) -> Any:
             ax.annotate(str(row.job), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
         ax.set_xlabel(key)
         ax.set_ylabel(f"best {monitor}")
-        ax.set_title(f"objective vs {key}" + (f" ({left_out} unfinished/failed not shown)" if left_out else ""),
+        ax.set_title(f"objective vs {key}" + (f" ({left_out} not shown)" if left_out else ""),
                      fontsize=9)
         ax.grid(alpha=0.3)
         if best is not None:
             ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _mark_pruned(ax: Any, rows: list[JobRow]) -> None:
+    """A black x where a pruned sweep's pruner stopped a job (its last evaluation)."""
+    stops = [row.curve[-1] for row in rows if row.pruned_step is not None and row.curve]
+    if stops:
+        ax.scatter(*zip(*stops), marker="x", s=60, color="black", zorder=4, label=f"pruned ({len(stops)})")
 
 
 def plot_run(folder: Path, path: Path) -> None:

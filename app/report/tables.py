@@ -23,11 +23,17 @@ def _short(value: str) -> str:
     return value if number.is_integer() or len(value) <= 8 else f"{number:.4g}"
 
 
+def _status(row: JobRow) -> str:
+    """A job's state as the table shows it: a pruned one with the step it stopped at."""
+    return row.status if row.pruned_step is None else f"{row.status} at step {row.pruned_step}"
+
+
 def write_csv(rows: list[JobRow], path: Path, sweep_dir: Path) -> None:
-    """One row per job: job number, overrides, status, best monitored value and its step, steps,
-    wall time, final metrics (``final/<name>``), run folder (relative to the sweep folder)."""
+    """One row per job: job number, overrides, status (finished, pruned, nan, failed, interrupted),
+    best monitored value and its step, steps, the step a pruned job was stopped at, wall time, final
+    metrics (``final/<name>``), run folder (relative to the sweep folder)."""
     metric_names = sorted({name for row in rows for name in row.final})
-    header = ["job", "overrides", "status", "monitor", "best", "best_step", "steps", "wall_time_s",
+    header = ["job", "overrides", "status", "monitor", "best", "best_step", "steps", "pruned_at_step", "wall_time_s",
               *(f"final/{name}" for name in metric_names), "folder"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
@@ -35,7 +41,7 @@ def write_csv(rows: list[JobRow], path: Path, sweep_dir: Path) -> None:
         for row in rows:
             writer.writerow([
                 row.job, " ".join(row.overrides), row.status, row.monitor,
-                "" if row.best is None else repr(row.best), row.best_step, row.steps, row.wall_time_s,
+                "" if row.best is None else repr(row.best), row.best_step, row.steps, row.pruned_step, row.wall_time_s,
                 *(row.final.get(name, "") for name in metric_names), row.folder.relative_to(sweep_dir),
             ])
 
@@ -47,8 +53,11 @@ def markdown(rows: list[JobRow], sweep_dir: Path) -> str:
     monitor = rows[0].monitor if rows else "?"
     mode = rows[0].mode if rows else "max"
     direction = "higher" if mode == "max" else "lower"
+    counts = ", ".join(f"{sum(r.status == status for r in rows)} {status}"
+                       for status in dict.fromkeys(r.status for r in rows))
     lines = [f"# Sweep {sweep_dir}", "",
-             f"{len(rows)} job(s); objective: best `{monitor}` ({direction} is better, early_stopping.mode={mode})."]
+             (f"{len(rows)} job(s) ({counts}); objective: best `{monitor}` ({direction} is better, "
+              f"early_stopping.mode={mode}).")]
     if best is not None:
         params = ", ".join(f"{k}={_short(best.params.get(k, ''))}" for k in keys) or " ".join(best.overrides)
         lines.append(f"**Best: job {best.job}** ({params}): {monitor} = {best.best!r} at step {best.best_step}.")
@@ -59,7 +68,7 @@ def markdown(rows: list[JobRow], sweep_dir: Path) -> str:
               "|" + "---|" * (len(keys) + 8)]
     for rank, row in enumerate(ranked(rows), start=1):
         mark = " ★" if row is best else ""
-        cells = [f"{rank}{mark}", str(row.job), *(_short(row.params.get(k, "")) for k in keys), row.status,
+        cells = [f"{rank}{mark}", str(row.job), *(_short(row.params.get(k, "")) for k in keys), _status(row),
                  _fmt(row.best), _fmt(row.best_step), _fmt(row.steps), _fmt(row.wall_time_s, 3),
                  str(row.folder.relative_to(sweep_dir))]
         lines.append("| " + " | ".join(cells) + " |")
