@@ -4,7 +4,9 @@
 - no module of ``app/engine`` imports ``torch.distributed``, ``torch_xla`` or a CUDA-specific API: the
   engine is the code that runs inside a worker, whatever the hardware (the device names themselves are
   kept out by ``test_engine.py``);
-- no private attribute of an ``Accelerator`` is read outside ``app/distributed/accelerator.py``.
+- no private attribute of an ``Accelerator`` is read outside ``app/distributed/accelerator.py``;
+- ``app/engine`` talks to the runtime through the Accelerator and its prepared loaders only: it reads
+  no ``.backend`` (nor what hangs off one) and no loader internals such as ``.batch_sampler``.
 
 The import graph: one node per module, a package being its ``__init__``. Every ``import`` counts,
 function-local ones too (they still tie the two modules together), except those under
@@ -197,6 +199,35 @@ def test_engine_imports_no_collective_xla_or_cuda_api(tmp_path):
 
 def _forbidden(dotted: str) -> bool:
     return any(dotted == bad or dotted.startswith(bad + ".") for bad in ENGINE_FORBIDDEN)
+
+
+# What app/engine must not reach past the facade: the Accelerator's backend and what hangs off one, and
+# the internals of a prepared loader (its sampler, the DataLoader it wraps).
+ENGINE_UNREACHABLE = ("backend", "checkpoint_io", "batch_sampler", "sampler", "base_dataloader")
+
+
+def reaches_past_the_facade(path: Path) -> list[str]:
+    """Where the module reads one of ENGINE_UNREACHABLE, as ``obj.name`` or ``getattr(obj, "name")``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_UNREACHABLE:
+            found.append((node.lineno, node.attr))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in ENGINE_UNREACHABLE):
+            found.append((node.lineno, node.args[1].value))
+    return [f"{line}: reads .{name}" for line, name in sorted(found)]
+
+
+def test_engine_talks_to_the_accelerator_and_its_loaders_only(tmp_path):
+    """Fabric's rule: the loop and its helpers use the runtime's public verbs (``broadcast_object``,
+    ``step_flag``, ``load_model``, a loader's ``epoch``...), never the backend behind them."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(acc, loader):\n    acc.backend.step_flag()\n    return loader.batch_sampler.epoch, loader.epoch\n"
+                      "def g(acc):\n    return getattr(acc, 'backend'), acc.step_flag()\n")
+    assert reaches_past_the_facade(sample) == ["2: reads .backend", "3: reads .batch_sampler", "5: reads .backend"]
+    offenders = [f"{path.relative_to(REPO)}:{where}" for name, path in modules().items()
+                 if name == "app.engine" or name.startswith("app.engine.") for where in reaches_past_the_facade(path)]
+    assert offenders == [], "app/engine reaches past the Accelerator: " + ", ".join(offenders)
 
 
 def accelerator_private_names() -> set[str]:

@@ -38,7 +38,8 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 
 from app.distributed.backend import Backend
-from app.distributed.checkpoint.export import save_model
+from app.distributed.checkpoint.export import export_shards, save_model
+from app.distributed.checkpoint.rng import preserved_rng
 from app.distributed.checkpoint.training_state import Counters, TrainingObjects, load_state, save_state
 from app.distributed.configuration import (
     DataLoaderConfiguration,
@@ -56,6 +57,7 @@ from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, build_precision, unscale_all
 from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, default_backend, register_accelerator
+from app.distributed.step_flags import StepFlag
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -208,6 +210,12 @@ class Accelerator(ProcessControl):
         """True when every step must see the same tensor shapes (XLA): prepared loaders then pad their
         last batch to full size, and a task should pad sequences to a fixed length."""
         return self.backend.static_shapes
+
+    @property
+    def fused_optimizers(self) -> bool:
+        """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this runtime's
+        parameters (CPU and CUDA; not XLA)."""
+        return self.backend.fused_optimizers
 
     @property
     def mixed_precision(self) -> str:
@@ -514,6 +522,27 @@ class Accelerator(ProcessControl):
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return recursively_apply(lambda t: self.backend.broadcast(t, from_process), tensor)
 
+    def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
+        """Any picklable object from ``from_process`` to every process; returns that process's value.
+
+        >>> found = accelerator.broadcast_object(path if accelerator.is_main_process else None)
+        """
+        return self.backend.broadcast_object(obj, src=from_process)
+
+    def step_flag(self) -> StepFlag:
+        """A per-step "did any process raise it?" whose answer every process reads at the same step
+        (``app/distributed/step_flags.py``): one step late and without a wait on the
+        ``torch.distributed`` backends, a blocking all-reduce on the others (the identity on one process).
+
+        >>> flag = accelerator.step_flag()
+        >>> for batch in loader:
+        ...     train_step(batch)
+        ...     if flag.post(stop_requested_here()):
+        ...         break
+        >>> flag.close()
+        """
+        return self.backend.step_flag()
+
     # -- profiling ------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def profile(self, profile_handler: Any = None) -> Iterator[Any]:
@@ -575,13 +604,16 @@ class Accelerator(ProcessControl):
     # -- tracking -------------------------------------------------------------------------------------
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, Any] | None = None) -> None:
-        """Start the trackers named in ``log_with`` on the main process (others log nothing)."""
+        """Start the trackers named in ``log_with`` on the main process (others log nothing). The random
+        streams come out as they went in (a tracker's start-up may draw from them, and a run resumed
+        from a checkpoint must continue the restored streams exactly)."""
         from app.distributed.tracking import build_trackers
 
         if not self.is_main_process:
             return
         logging_dir = self.project_dir if self.project_dir is not None else Path.cwd()
-        self.trackers = build_trackers(self._log_with, project_name, logging_dir, config or {}, init_kwargs or {})
+        with preserved_rng(self.backend):
+            self.trackers = build_trackers(self._log_with, project_name, logging_dir, config or {}, init_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         for tracker in self.trackers:
@@ -711,6 +743,22 @@ class Accelerator(ProcessControl):
         >>> accelerator.save_model(model, "export", max_shard_size="1GB")
         """
         save_model(self.backend, model, save_directory, max_shard_size, safe_serialization)
+
+    def load_model(self, model: nn.Module, folder: str | os.PathLike[str]) -> None:
+        """Load the weights of an exported model folder (``save_model``'s: ``model.safetensors``, or
+        shards with ``model.safetensors.index.json``) into a prepared model; every process calls it.
+
+        >>> accelerator.load_model(model, "export")
+        """
+        self.backend.checkpoint_io.load_model(model, Path(folder), "model")
+
+    def model_shards(self, model: nn.Module, where: str | os.PathLike[str],
+                     max_shard_size: int | str = "10GB") -> list[dict[str, torch.Tensor]]:
+        """The full weights ``save_model`` writes, as files of at most ``max_shard_size`` (name ->
+        tensor, the unwrapped model's names), for a caller that writes them itself; every process
+        calls it (FSDP2 gathers), the main process gets the shards, the others ``[]``. ``where`` only
+        names the destination in a warning."""
+        return export_shards(self.backend, model, Path(where), max_shard_size)
 
 
 def _all_tensors(data: Any) -> bool:

@@ -59,7 +59,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
         # In place (nn.Module.compile): parameter names, checkpoints and exports stay as without it.
         model.compile()
     model = accelerator.prepare(model)
-    optimizer = build_optimizer(cfg, model, fused_available=accelerator.backend.fused_optimizers)
+    optimizer = build_optimizer(cfg, model, fused_available=accelerator.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,

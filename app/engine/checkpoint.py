@@ -23,7 +23,7 @@ from typing import Any
 
 from app.config import ExportChoice, RunConfig
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
-from app.distributed.checkpoint.export import export_shards, write_weights
+from app.distributed.checkpoint.export import write_weights
 from app.distributed.checkpoint.store import (
     CHECKPOINTS,
     Manifest,
@@ -147,7 +147,7 @@ class CheckpointPolicy:
         acc = self.acc
         if resume == "auto":
             found = bool(complete_checkpoints(self.root)) if acc.is_main_process else None
-            if not acc.backend.broadcast_object(found, src=0):
+            if not acc.broadcast_object(found):
                 log.info("resume=auto: no checkpoint in %s yet, starting a new run", self.root)
                 return None
             source = self.run_dir
@@ -162,7 +162,7 @@ class CheckpointPolicy:
         # The loaders re-derived their position from samples consumed (the global batch may differ
         # from the checkpoint's); the loop counts in this run's batches.
         loader = self.c.train_loader
-        self.state.batches_in_epoch = loader.position if loader.batch_sampler.epoch == self.state.epoch else 0
+        self.state.batches_in_epoch = loader.position if loader.epoch == self.state.epoch else 0
         if acc.is_main_process:
             self._cut_metrics(manifest)
         return manifest
@@ -201,7 +201,7 @@ class CheckpointPolicy:
             for path, saved in complete_checkpoints(self.root):
                 if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor:
                     found = (str(path), saved)
-        found = self.acc.backend.broadcast_object(found, src=0)
+        found = self.acc.broadcast_object(found)
         if found is None:
             log.warning("the best evaluation (%s = %s) has no checkpoint (it fell between saves): exporting the "
                         "final weights; save a checkpoint at every evaluation to export the best",
@@ -240,7 +240,7 @@ def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = 
     with c.evaluation_weights():
         # Every process gathers (FSDP2); the tensors may be the live parameters, so they are written
         # before the training weights come back. Written plainly: the folder is published whole, below.
-        shards = export_shards(acc.backend, c.model, temporary)
+        shards = acc.model_shards(c.model, temporary)
         if acc.is_main_process:
             temporary.mkdir(parents=True)
             write_weights(temporary, shards, safe=True, each_file_atomic=False)

@@ -34,7 +34,7 @@ def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
         if is_model_folder(source):
             # An export holds the weights that were evaluated (the average, with trainer.ema_decay).
             components.weight_average = None
-            accelerator.backend.checkpoint_io.load_model(components.model, source, "model")
+            accelerator.load_model(components.model, source)
         else:
             # The checkpoint's own layout (weights, optimizer, weight average...), read only.
             policy = CheckpointPolicy(cfg, components, LoopState(), build_early_stopping(cfg), run_dir)

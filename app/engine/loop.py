@@ -147,7 +147,7 @@ def evaluate(c: Components) -> dict[str, float]:
     if keep:
         metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(torch.cat(logits), torch.cat(labels)).items()}
         metrics["eval/num_samples"] = gathered_samples
-    return acc.backend.broadcast_object(metrics, src=0)
+    return acc.broadcast_object(metrics)
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
@@ -163,7 +163,7 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
         train(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps)
         # Every process learns whether any was signalled (one all-reduce per run).
         signalled = interrupts.received if interrupts is not None else None
-        agreed = int(acc.backend.all_reduce(torch.tensor([float(signalled or 0)]).to(acc.device), "max").item())
+        agreed = int(acc.reduce(torch.tensor([float(signalled or 0)], device=acc.device), reduction="max").item())
         if agreed:
             state.stop_signal = agreed
             state.stop_reason = f"interrupted by {signal_name(agreed)} at step {state.global_step}"
@@ -187,7 +187,7 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
     several_processes = acc.num_processes > 1
     # A signal may reach one process only: on several, they agree after every step, one step late (an
     # asynchronous host all-reduce, read at the next step: no wait, no device sync).
-    signals_seen = acc.backend.step_flag() if interrupts is not None and several_processes else None
+    signals_seen = acc.step_flag() if interrupts is not None and several_processes else None
     batches_per_epoch = len(c.train_loader)
     # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
     running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)

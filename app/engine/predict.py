@@ -31,7 +31,7 @@ def write_test_predictions(c: Components, path: Path) -> None:
                           "does not.")
     dataset = task.test_dataset()
     loader = DataLoader(dataset, batch_size=c.eval_loader.batch_size, shuffle=False,
-                        collate_fn=c.eval_loader.base_dataloader.collate_fn)
+                        collate_fn=c.eval_loader.collate_fn)
     loader = acc.prepare(loader)
     predictions = []
     c.model.eval()

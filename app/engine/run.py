@@ -10,7 +10,6 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
 from app.distributed import Accelerator
-from app.distributed.checkpoint.rng import preserved_rng
 from app.distributed.checkpoint.store import CHECKPOINTS, complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
@@ -89,9 +88,8 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
                 write_hydra_record(run_dir, hydra_files)  # only now: a refused resume leaves the folder as it was
             # An earlier segment's result no longer describes the folder once training goes on.
             (run_dir / RESULT_FILE).unlink(missing_ok=True)
-        with preserved_rng(accelerator.backend):
-            accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
-                                      init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
+        accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
+                                  init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision),
