@@ -59,6 +59,7 @@ from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, default_backend, register_accelerator
 from app.distributed.step_flags import StepFlag
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
+from app.run_layout import checkpoints_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -682,7 +683,7 @@ class Accelerator(ProcessControl):
             yield
             return
         models = list(self._models)
-        where = str(folder if folder is not None else (self.project_dir or Path.cwd()) / "checkpoints")
+        where = str(folder if folder is not None else checkpoints_dir(self.project_dir or Path.cwd()))
         for hook in hooks.values():
             if with_weights:
                 hook(models, [self.get_state_dict(m) for m in models], where)

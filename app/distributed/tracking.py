@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from app.run_layout import metrics_file, tensorboard_dir
+
 
 class Tracker:
     name = "base"
@@ -51,7 +53,7 @@ class TensorBoardTracker(Tracker):
 
         # init_kwargs={"purge_step": N} (a resumed run) hides events at steps >= N that the
         # interrupted run wrote after its last checkpoint.
-        self.tracker = SummaryWriter(log_dir=str(logging_dir / "tensorboard"), **(init_kwargs or {}))
+        self.tracker = SummaryWriter(log_dir=str(tensorboard_dir(logging_dir)), **(init_kwargs or {}))
         if config:
             self.tracker.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```")
 
@@ -100,7 +102,7 @@ def build_trackers(names: list[str], project_name: str, logging_dir: Path, confi
     trackers: list[Tracker] = []
     for name in names:
         if name == "jsonl":
-            trackers.append(JsonlTracker(logging_dir / "metrics.jsonl"))
+            trackers.append(JsonlTracker(metrics_file(logging_dir)))
         elif name == "tensorboard":
             trackers.append(TensorBoardTracker(logging_dir, project_name, config, init_kwargs.get("tensorboard")))
         elif name == "wandb":

@@ -25,7 +25,6 @@ from app.config import ExportChoice, RunConfig
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
 from app.distributed.checkpoint.export import write_weights
 from app.distributed.checkpoint.store import (
-    CHECKPOINTS,
     Manifest,
     complete_checkpoints,
     fault_point,
@@ -37,10 +36,9 @@ from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
+from app.run_layout import EXPORT_FILE, checkpoints_dir, metrics_file
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def config_hash(cfg: RunConfig) -> str:
@@ -89,7 +87,7 @@ class CheckpointPolicy:
         self.acc = components.accelerator
         self.state = state
         self.run_dir = run_dir
-        self.root = run_dir / CHECKPOINTS
+        self.root = checkpoints_dir(run_dir)
         self.config_hash = config_hash(cfg)
         self.stopper = stopper
         self.last_saved_step: int | None = None
@@ -123,11 +121,11 @@ class CheckpointPolicy:
         metric = None
         if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
             metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}
-        metrics_file = self.run_dir / METRICS_FILE
+        metrics = metrics_file(self.run_dir)
         metadata = {
             "step": state.global_step, "epoch": state.epoch, "config_hash": self.config_hash, "metric": metric,
             # What metrics.jsonl held at this point: a resumed run cuts it back to exactly this.
-            "metrics_jsonl_bytes": metrics_file.stat().st_size if metrics_file.exists() else 0,
+            "metrics_jsonl_bytes": metrics.stat().st_size if metrics.exists() else 0,
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
         folder = self.acc.save_state(metadata=metadata)
@@ -169,7 +167,7 @@ class CheckpointPolicy:
 
     def _cut_metrics(self, manifest: Manifest) -> None:
         """Drop what the interrupted run logged after the checkpoint, so no step appears twice."""
-        path = self.run_dir / METRICS_FILE
+        path = metrics_file(self.run_dir)
         size = manifest.extra.get("metrics_jsonl_bytes")
         same_run = run_folder_of(Path(manifest.folder)).resolve() == self.run_dir.resolve()
         if same_run and isinstance(size, int) and path.exists() and path.stat().st_size > size:
@@ -222,9 +220,6 @@ def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[
     if group is not None:
         kwargs["wandb"] = {"group": group}
     return kwargs
-
-
-EXPORT_FILE = "export.json"
 
 
 def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = None) -> None:

@@ -15,10 +15,9 @@ from app.engine.checkpoint import CheckpointPolicy
 from app.engine.checkpoint_resume import is_model_folder
 from app.engine.loop import LoopState, evaluate
 from app.engine.progress import human_metrics
+from app.run_layout import EVAL_METRICS_FILE
 
 log = logging.getLogger(__name__)
-
-EVAL_METRICS_FILE = "eval_metrics.json"
 
 
 def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:

@@ -20,8 +20,6 @@ from app.tasks.base import PredictsTest
 
 log = logging.getLogger(__name__)
 
-PREDICTIONS_FILE = "test_predictions.tsv"
-
 
 @torch.no_grad()
 def write_test_predictions(c: Components, path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
 from app.distributed import Accelerator
-from app.distributed.checkpoint.store import CHECKPOINTS, complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
@@ -18,12 +18,13 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
-from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
+from app.engine.predict import write_test_predictions
 from app.engine.progress import human
-from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
+from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, objective, write_result
 from app.engine.summary import model_summary
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
 from app.run_folder import write_hydra_record
+from app.run_layout import PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,9 @@ def profiling(cfg: RunConfig, accelerator: Accelerator, run_dir: Path) -> contex
     if not steps:
         return contextlib.nullcontext()
     schedule = {"wait": 1, "warmup": 1, "active": steps, "repeat": 1}
-    log.info("profiling optimizer steps 3 to %d; the trace goes to %s", 2 + steps, run_dir / "profile")
+    log.info("profiling optimizer steps 3 to %d; the trace goes to %s", 2 + steps, profile_dir(run_dir))
     return accelerator.profile(ProfileKwargs(schedule_option=schedule, record_shapes=True,
-                                             output_trace_dir=str(run_dir / "profile")))
+                                             output_trace_dir=str(profile_dir(run_dir))))
 
 
 def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None,
@@ -87,7 +88,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
             if hydra_files is not None:
                 write_hydra_record(run_dir, hydra_files)  # only now: a refused resume leaves the folder as it was
             # An earlier segment's result no longer describes the folder once training goes on.
-            (run_dir / RESULT_FILE).unlink(missing_ok=True)
+            result_file(run_dir).unlink(missing_ok=True)
         accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
                                   init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
@@ -112,7 +113,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
         if cfg.predicts_test:
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
-            export_model(components, run_dir / "model", metadata)
+            export_model(components, model_dir(run_dir), metadata)
         record(FINISHED)
         return objective(stopper.best, FINISHED)
     except ConfigError:
@@ -139,7 +140,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
 
 def diverged(state: LoopState, run_dir: Path) -> str:
     """The one-sentence end of a run whose loss or weights stopped being finite (nothing exported)."""
-    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS)
+    checkpoints = complete_checkpoints(checkpoints_dir(run_dir))
     where = (f"the last finite checkpoint is {checkpoints[-1][0]} (step {checkpoints[-1][1].step})" if checkpoints
              else "no checkpoint was saved before it")
     when = (f"the training loss was not finite at step {state.non_finite_loss_step}"
