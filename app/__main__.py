@@ -64,7 +64,7 @@ def main(dict_cfg: DictConfig) -> float | None:
     from app.engine.result import NAN, read_result
     from app.interrupts import RunInterrupted
     from app.launching.launch import launch
-    from app.launching.worker_errors import WorkerFailed
+    from app.worker_processes import WorkerFailed
 
     try:
         if int(os.environ.get("RANK", "0")) == 0:

@@ -1,6 +1,7 @@
 """The shape of ``app/``, read from its source with ``ast`` (nothing is imported):
 
-- no import cycle between its modules;
+- no import cycle between its modules, and no module imports one of a layer above its own (LAYERS:
+  config → distributed, tasks → engine → launching → ``__main__``);
 - no module of ``app/engine`` imports ``torch.distributed``, ``torch_xla`` or a CUDA-specific API: the
   engine is the code that runs inside a worker, whatever the hardware (the device names themselves are
   kept out by ``test_engine.py``);
@@ -22,6 +23,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app"
+
+# The layers of app/, lowest first: a module imports modules of its own layer and of those below, never
+# of one above (what a lower layer needs from a higher one is a callable passed in). A module belongs
+# to the longest name listed that is itself or a package above it; every module must belong to one.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("app", "app.config", "app.config_tree", "app.run_layout", "app.interrupts",
+                    "app.worker_processes")),
+    ("runtime and tasks", ("app.distributed", "app.tasks")),
+    ("engine", ("app.engine",)),
+    ("launching", ("app.launching", "app.configure", "app.run_folder", "app.report", "app.sweeps", "app.help")),
+    ("entry point", ("app.__main__",)),
+)
 
 # What a module of app/engine must not import: the collective library, XLA, CUDA's own API.
 ENGINE_FORBIDDEN = ("torch.distributed", "torch_xla", "torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
@@ -169,6 +182,38 @@ def test_no_import_cycle_in_app():
     graph = import_graph(modules())
     cycles = [" -> ".join(a_cycle(graph, component)) for component in strongly_connected(graph)]
     assert not cycles, "import cycle(s) in app/:\n" + "\n".join(cycles)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the module's layer (None: in no layer)."""
+    best: tuple[int, int] | None = None  # (length of the name that matched, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return best[1] if best is not None else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module whose layer is above the importer's."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            low, high = layer_of(module), layer_of(dep)
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} ({LAYERS[low][0]}) imports {dep} ({LAYERS[high][0]})")
+    return found
+
+
+def test_no_module_imports_one_above_it_in_the_layering():
+    assert [layer_of(m) for m in ("app", "app.configure", "app.config", "app.engine.loop", "app.__main__")] == [0, 3, 0, 2, 4]
+    assert upward_imports({"app.engine.run": {"app.run_folder", "app.config"}, "app.run_folder": {"app.config"}}) == [
+        "app.engine.run (engine) imports app.run_folder (launching)"]
+    graph = import_graph(modules())
+    unplaced = sorted(m for m in graph if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS in this file): {unplaced}"
+    upward = upward_imports(graph)
+    assert not upward, "imports of a layer above the importer's:\n" + "\n".join(upward)
 
 
 def engine_offences(path: Path, name: str) -> list[str]:

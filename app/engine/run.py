@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,6 @@ from app.engine.progress import human
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, objective, write_result
 from app.engine.summary import model_summary
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
-from app.run_folder import write_hydra_record
 from app.run_layout import PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
 
 log = logging.getLogger(__name__)
@@ -41,13 +41,14 @@ def profiling(cfg: RunConfig, accelerator: Accelerator, run_dir: Path) -> contex
                                              output_trace_dir=str(profile_dir(run_dir))))
 
 
-def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None,
+def run(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None = None,
         stop_file: Path | None = None) -> float:
     """Train and evaluate; returns the best value of ``early_stopping.monitor`` (the objective of a
     sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
     a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
     saying so as its error).
-    ``hydra_files``: ``.hydra/`` files deferred by a resume, written once it is accepted.
+    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder``), called
+    on the main process once the resume is accepted.
 
     A first SIGINT/SIGTERM (or the launcher's ``stop_file``) stops training after the current step
     with a checkpoint, then raises :class:`RunInterrupted` (no export). ``mode=eval`` only evaluates
@@ -59,10 +60,10 @@ def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None
     if cfg.trainer.deterministic:
         log.info("deterministic algorithms on (trainer.deterministic)")
     with deterministic_algorithms(cfg.trainer.deterministic):
-        return train_and_export(cfg, run_dir, hydra_files, stop_file)
+        return train_and_export(cfg, run_dir, record_config, stop_file)
 
 
-def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None,
+def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None,
                      stop_file: Path | None) -> float:
     started = time.monotonic()
     set_seed(cfg.seed)
@@ -85,8 +86,8 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
         if accelerator.is_main_process:
-            if hydra_files is not None:
-                write_hydra_record(run_dir, hydra_files)  # only now: a refused resume leaves the folder as it was
+            if record_config is not None:
+                record_config()  # only now: a refused resume leaves the folder as it was
             # An earlier segment's result no longer describes the folder once training goes on.
             result_file(run_dir).unlink(missing_ok=True)
         accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
