@@ -233,7 +233,7 @@ class Accelerator(ProcessControl):
         place = device_placement if device_placement is not None else self.device_placement
         if not place and any(p.device != self.device for p in model.parameters()):
             raise ValueError(f"device_placement=False: the backend places and wraps the model on {self.device} "
-                             "(DDP, FSDP2 and XLA need it there); move it there first, or leave device_placement on.")
+                             "(its data-parallel wrappers need it there); move it there first, or leave device_placement on.")
         if any(model is m or model is self.backend.unwrap_model(m) for m in self._models):
             raise ValueError("this model was already prepared; prepare each model once.")
         if self.num_processes > 1 and self.verify_device_map(model):
