@@ -75,6 +75,12 @@ def _message(failure: Any) -> str:
     return text.strip().splitlines()[0] if text.strip() else ""
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, else the machine's count): what caps the
+    CPU processes of a run, the parallel jobs of a sweep and each worker's threads."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("localhost", 0))

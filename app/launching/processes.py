@@ -19,6 +19,7 @@ from typing import Any
 from app.launching.worker_watchdog import Watchdog, record_pid
 from app.worker_processes import (
     WorkerFailed,
+    available_cores,
     call_blaming_the_cause,
     free_port,  # noqa: F401 - its old home: tests and callers import it from here
     start_processes,
@@ -132,7 +133,6 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = 
         import torch
 
         # As torchrun does: processes sharing a machine must not each use every core.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        torch.set_num_threads(max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     record_pid(pid_dir, int(os.environ["RANK"]))
     return call_blaming_the_cause(fn, *args)
