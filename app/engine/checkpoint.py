@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ExportChoice, RunConfig
+from app.config_tree import as_plain
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
 from app.distributed.checkpoint.export import write_weights
 from app.distributed.checkpoint.store import (
@@ -31,7 +32,6 @@ from app.distributed.checkpoint.store import (
     rotate,
     run_folder_of,
 )
-from app.engine.build import plain
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
 from app.engine.progress import human
@@ -45,7 +45,7 @@ def config_hash(cfg: RunConfig) -> str:
     """What a checkpoint must have been trained with to be resumed: the task (its data and model)
     and the optimizer type. Folder locations (``*_dir`` task fields) and everything else (epochs,
     learning rate, batch size, processes) may change on resume."""
-    task = {k: v for k, v in plain(cfg.task).items() if not k.endswith("_dir")}
+    task = {k: v for k, v in as_plain(cfg.task).items() if not k.endswith("_dir")}
     payload = json.dumps({"task": task, "optimizer": cfg.optim._target_}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
+from app.config_tree import as_plain
 from app.distributed import Accelerator
 from app.distributed.checkpoint.store import complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
-from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
+from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
@@ -90,7 +91,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
                 record_config()  # only now: a refused resume leaves the folder as it was
             # An earlier segment's result no longer describes the folder once training goes on.
             result_file(run_dir).unlink(missing_ok=True)
-        accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
+        accelerator.init_trackers(cfg.logging.project_name, config=as_plain(cfg),
                                   init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
