@@ -9,7 +9,7 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
 
     <run folder>/
       .hydra/                 Hydra's record: config.yaml, hydra.yaml, overrides.yaml
-      app.log                 the run's log (Hydra's job logging: <hydra.job.name>.log, conf/config.yaml)
+      app.log                 the run's log, named by Hydra's job logging (<hydra.job.name>.log; conf/config.yaml)
       metrics.jsonl           one JSON object per logged event
       tensorboard/            the same scalars as TensorBoard events
       checkpoints/            checkpoint_<N>/ (their own layout: app/distributed/checkpoint/store.py)
@@ -29,7 +29,6 @@ from pathlib import Path
 HYDRA_DIR = ".hydra"
 HYDRA_CONFIG, HYDRA_SETTINGS, HYDRA_OVERRIDES = "config.yaml", "hydra.yaml", "overrides.yaml"
 """The files of ``.hydra/``: the composed job config, Hydra's own config, the command line's overrides."""
-LOG_FILE = "app.log"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
