@@ -32,6 +32,7 @@ from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.refusal import RunFolderUndo
 from app.run_folder import CLAIMS, claim_from_argv
+from app.run_layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("app")
@@ -94,7 +95,7 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
     from app.engine.result import NAN, read_result
     from app.interrupts import RunInterrupted
     from app.launching.launch import launch
-    from app.launching.worker_errors import WorkerFailed
+    from app.worker_processes import WorkerFailed
 
     try:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -188,9 +189,9 @@ def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:
 def hydra_record(dict_cfg: DictConfig) -> dict[str, str]:
     """The ``.hydra/`` files Hydra would have written (deferred on resume until it is accepted)."""
     hydra_cfg = HydraConfig.get()
-    return {"config.yaml": OmegaConf.to_yaml(dict_cfg),
-            "hydra.yaml": OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})),
-            "overrides.yaml": OmegaConf.to_yaml(hydra_cfg.overrides.task)}
+    return {HYDRA_CONFIG: OmegaConf.to_yaml(dict_cfg),
+            HYDRA_SETTINGS: OmegaConf.to_yaml(OmegaConf.create({"hydra": hydra_cfg})),
+            HYDRA_OVERRIDES: OmegaConf.to_yaml(hydra_cfg.overrides.task)}
 
 
 def exit_interrupted(err: Interrupted) -> NoReturn:

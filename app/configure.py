@@ -8,7 +8,6 @@ passed its own rules: a refused config answers before torch is imported (``bench
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from app.config import (
     TrainerConfig,
 )
 from app.tasks import TASK_SCHEMAS
+from app.worker_processes import available_cores
 
 
 def register_configs() -> None:
@@ -51,8 +51,7 @@ def register_configs() -> None:
 
 def parallel_jobs(processes_per_job: int) -> int:
     """How many jobs of ``processes_per_job`` processes this machine's cores run at once (>= 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(processes_per_job)))
+    return max(1, available_cores() // max(1, int(processes_per_job)))
 
 
 def register_grid_sweeper(cs: ConfigStore) -> None:

@@ -105,7 +105,8 @@ def _defaults(conf_dir: Path) -> dict[str, str | None]:
 
 def _keys(group: str, options: list[Path]) -> list[str]:
     """The schema's fields; for groups whose schema depends on the option (task, optim), the keys
-    their option files set."""
+    their option files set, or, for an option that sets none (its values are its schema's defaults),
+    its schema's fields."""
     field = {f.name: f for f in dataclasses.fields(RunConfig)}.get(group)
     factory = getattr(field, "default_factory", None) if field is not None else None
     if factory is not None and factory is not dataclasses.MISSING:
@@ -114,10 +115,28 @@ def _keys(group: str, options: list[Path]) -> list[str]:
         return []
     keys: dict[str, None] = {}
     for option in options:
-        loaded = yaml.safe_load(option.read_text(encoding="utf-8")) or {}
-        own = loaded.get(group, loaded) if isinstance(loaded.get(group), dict) else loaded
+        text = option.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) or {}
+        if isinstance(loaded.get(group), dict):
+            own = loaded[group]
+        elif text.startswith("# @package _global_"):  # it sets other groups' keys only
+            own = _schema_fields(group, loaded.get("defaults") or [])
+        else:
+            own = loaded
         keys.update((k, None) for k in own if k not in ("defaults", "name", "_target_"))
     return list(keys)
+
+
+def _schema_fields(group: str, defaults: list[object]) -> list[str]:
+    """The fields of the schema an option file names first (``/task/<name>_schema@task``), from Hydra's
+    ConfigStore (filled by ``app.configure.register_configs``)."""
+    from hydra.core.config_store import ConfigStore
+
+    for entry in defaults:
+        if isinstance(entry, str) and entry.endswith(f"_schema@{group}"):
+            node = ConfigStore.instance().load(f"{entry.lstrip('/').split('@')[0]}.yaml").node
+            return [str(k) for k in node]
+    return []
 
 
 def _examples(readme: Path) -> list[str]:

@@ -81,12 +81,12 @@ def test_unknown_keys_are_found_at_any_depth():
     cfg = compose_config("+foo=bar", "+trainer.batchsize=3", "+task.dropuot=0.5")
     from omegaconf import OmegaConf
 
-    from app.engine.build import plain
+    from app.config_tree import as_plain
 
-    composed = OmegaConf.to_container(OmegaConf.structured(plain(cfg)))
+    composed = OmegaConf.to_container(OmegaConf.structured(as_plain(cfg)))
     composed["foo"], composed["trainer"]["batchsize"], composed["task"]["dropuot"] = "bar", 3, 0.5
     assert unknown_keys(composed, cfg) == ["task.dropuot", "trainer.batchsize", "foo"]
-    assert unknown_keys(OmegaConf.to_container(OmegaConf.structured(plain(compose_config()))), compose_config()) == []
+    assert unknown_keys(OmegaConf.to_container(OmegaConf.structured(as_plain(compose_config()))), compose_config()) == []
 
 
 @pytest.mark.timeout(120)

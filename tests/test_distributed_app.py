@@ -19,7 +19,7 @@ import pytest
 
 from app.launching.launch import launch
 from app.launching.processes import free_port
-from app.launching.worker_errors import WorkerFailed
+from app.worker_processes import WorkerFailed
 from tests.conftest import compose_many, run_app
 from tests.distributed_helpers import ddp_backend, on_processes
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from app.distributed.configuration import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
@@ -116,6 +117,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 
 
 __all__ = [
+    "AutocastKwargs",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",

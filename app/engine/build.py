@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from app.config import ConfigError, RunConfig
-from app.config_tree import as_plain as plain  # config dataclasses as JSON-ready dicts (trackers, hashes)
+from app.config_tree import as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.hardware import build_backend
 from app.engine.loop import Components, total_optimizer_steps
@@ -59,7 +59,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
         # In place (nn.Module.compile): parameter names, checkpoints and exports stay as without it.
         model.compile()
     model = accelerator.prepare(model)
-    optimizer = build_optimizer(cfg, model, fused_available=accelerator.backend.fused_optimizers)
+    optimizer = build_optimizer(cfg, model, fused_available=accelerator.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
@@ -88,7 +88,7 @@ def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:
-    options = plain(cfg.optim)
+    options = as_plain(cfg.optim)
     del options["layer_decay"]  # ours, not the optimizer's
     del options["freeze"]  # applied to the model already: its parameters no longer require grad
     if "fused" in options and options["fused"] is None:

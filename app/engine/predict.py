@@ -20,8 +20,6 @@ from app.tasks.base import PredictsTest
 
 log = logging.getLogger(__name__)
 
-PREDICTIONS_FILE = "test_predictions.tsv"
-
 
 @torch.no_grad()
 def write_test_predictions(c: Components, path: Path) -> None:
@@ -31,7 +29,7 @@ def write_test_predictions(c: Components, path: Path) -> None:
                           "does not.")
     dataset = task.test_dataset()
     loader = DataLoader(dataset, batch_size=c.eval_loader.batch_size, shuffle=False,
-                        collate_fn=c.eval_loader.base_dataloader.collate_fn)
+                        collate_fn=c.eval_loader.collate_fn)
     loader = acc.prepare(loader)
     predictions = []
     c.model.eval()

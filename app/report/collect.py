@@ -10,6 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.result import FINISHED, INTERRUPTED, PRUNED, read_result
+from app.run_layout import (
+    CHECKPOINTS_DIR,
+    HYDRA_CONFIG,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES,
+    HYDRA_SETTINGS,
+    hydra_file,
+    metrics_file,
+)
 
 MISSING_RESULT = INTERRUPTED
 """A job folder without result.json: killed, preempted, or still running."""
@@ -71,7 +80,7 @@ def _number(value: Any) -> float | None:
 
 
 def read_events(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
+    path = metrics_file(folder)
     if not path.exists():
         return []
     events = []
@@ -86,14 +95,14 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
 def job_folders(sweep_dir: Path) -> list[Path]:
     """The job folders of a sweep: those where Hydra saved a job's overrides (any depth, since
     ``hydra.sweep.subdir`` may nest them)."""
-    found = [p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")]
-    return [f for f in found if f != sweep_dir and "checkpoints" not in f.relative_to(sweep_dir).parts]
+    found = [p.parent.parent for p in sweep_dir.rglob(f"{HYDRA_DIR}/{HYDRA_OVERRIDES}")]
+    return [f for f in found if f != sweep_dir and CHECKPOINTS_DIR not in f.relative_to(sweep_dir).parts]
 
 
 def read_job(folder: Path) -> JobRow:
-    overrides = _yaml(folder / ".hydra" / "overrides.yaml") or []
-    config = _yaml(folder / ".hydra" / "config.yaml") or {}
-    hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    overrides = _yaml(hydra_file(folder, HYDRA_OVERRIDES)) or []
+    config = _yaml(hydra_file(folder, HYDRA_CONFIG)) or {}
+    hydra = (_yaml(hydra_file(folder, HYDRA_SETTINGS)) or {}).get("hydra", {})
     result = read_result(folder) or {}
     stopping = config.get("early_stopping", {}) if isinstance(config, dict) else {}
     monitor = str(result.get("monitor") or stopping.get("monitor", "eval/accuracy"))

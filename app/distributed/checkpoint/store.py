@@ -40,12 +40,13 @@ from typing import Any
 from app.distributed.checkpoint.atomic import fsync_path, publish
 from app.distributed.checkpoint.errors import CheckpointError, DiskFullError, first_line
 from app.distributed.checkpoint.format import check_file, read_state_file, sha256_file, write_bytes
+from app.run_layout import CHECKPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = "app-checkpoint/1"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = CHECKPOINTS_DIR
 _NAME = re.compile(r"checkpoint_(\d+)")
 _TEMP_PREFIX = ".tmp-checkpoint_"
 

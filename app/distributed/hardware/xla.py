@@ -55,7 +55,9 @@ class XlaOps(DeviceOps):
 
         return torch_xla.device()
 
-    def precision_refusal(self, mode: str) -> str:
+    def precision_refusal(self, mode: str) -> str | None:
+        if mode in self.precisions:
+            return None
         return (f"precision={mode} does not run on hardware=tpu (XLA has no fp16 loss scaling here); use "
                 "precision=bf16 or precision=no.")
 
