@@ -23,8 +23,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from app.config import ConfigError, RunConfig
-from app.configure import register_configs
+from app.config import ConfigError
+from app.configure import register_configs, to_run_config
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.run_folder import CLAIMS, claim_from_argv
 
@@ -45,10 +45,9 @@ def fail(message: str, exit_code: int = 2) -> NoReturn:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def main(dict_cfg: DictConfig) -> float | None:
     try:
-        cfg = OmegaConf.to_object(dict_cfg)
-    except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
-        fail(f"invalid configuration: {err}".splitlines()[0])
-    assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
+        cfg = to_run_config(dict_cfg)
+    except ConfigError as err:
+        fail(str(err))
     if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
         fail(f"unknown configuration key {unknown[0]} (added with +{unknown[0]}=...?); "
              "python -m app --cfg job lists the keys.")
@@ -110,6 +109,8 @@ def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:
     fields = {f.name for f in dataclasses.fields(typed)}
     found = []
     for key, value in composed.items():
+        if key == "_target_" and hasattr(typed, key):
+            continue  # a user's task config carries its class as an attribute (app/tasks/external.py)
         if key not in fields:
             found.append(f"{prefix}{key}")
         else:
@@ -148,6 +149,7 @@ def cli() -> None:
     from app.launching.resume_argv import argv_for_resume
     from app.launching.torchrun import LaunchError, argv_for_rank
 
+    sys.argv[1:] = config_dir_as_searchpath(sys.argv[1:])
     try:
         # resume=<path> continues in the original run folder: decided before Hydra creates a new one.
         sys.argv[1:] = argv_for_resume(sys.argv[1:])
@@ -169,6 +171,30 @@ def cli() -> None:
         main()
     finally:
         CLAIMS.release_all()  # also when Hydra itself refuses the config
+
+
+def config_dir_as_searchpath(argv: list[str]) -> list[str]:
+    """``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) as the override
+    ``hydra.searchpath=[file://<DIR, absolute>]``, which Hydra reads the same way (the folder's groups,
+    e.g. ``task/my_task.yaml``, join ours). As an override it survives the command-line rewrites before
+    Hydra (resume=, torchrun's ranks), which place the earlier run's overrides first: Hydra's argument
+    parser takes the overrides only before or only after an option, not on both sides of it."""
+    out: list[str] = []
+    folders: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--config-dir", "-cd"):
+            folders.append(next(args, ""))
+        elif arg.startswith("--config-dir="):
+            folders.append(arg.split("=", 1)[1])
+        else:
+            out.append(arg)
+    if not folders or any(arg.lstrip("+").startswith("hydra.searchpath=") for arg in out):
+        return argv  # none, or the user also sets the search path: Hydra combines them itself
+    from app.launching.overrides import quote
+
+    paths = ",".join(quote(f"file://{Path(folder).expanduser().resolve()}") for folder in folders)
+    return [*out, f"hydra.searchpath=[{paths}]"]
 
 
 def exit_without_teardown(code: int | str | None) -> NoReturn:

@@ -1,9 +1,10 @@
-"""The GLUE TSV parser: a header line naming the columns, then one example per line.
+"""The GLUE TSV parser: one example per line, in the layout of one GLUE task's files.
 
 GLUE's files hold literal, unbalanced ``"`` and are not quoted, so csv must not treat quotes
-specially (QUOTE_NONE). A task's spec names its text and label columns; GLUE's own test files have
-``index`` instead of the label column and no gold labels. Every problem is one sentence naming the
-file and the line.
+specially (QUOTE_NONE). Most files name their columns in a header line; CoLA's labeled files have
+none (its columns are found by position). Test files have no gold labels, and an id column
+(``index``; QQP's ``id``) that GLUE's submission format refers to. Every problem is one sentence
+naming the file and the line.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.config import ConfigError
-from app.tasks.glue.config import GlueSpec
+from app.tasks.text.glue import GlueSpec, TsvLabels, TsvLayout
 
 if TYPE_CHECKING:
     import datasets
@@ -23,14 +24,61 @@ UNLABELED = -1
 """Label of a row without gold label (GLUE's own test.tsv; the hub's test split)."""
 
 
-def read_glue_tsv(path: Path, spec: GlueSpec) -> datasets.Dataset:
-    """A GLUE-format TSV of ``spec``'s task, as a dataset with the hub's columns (texts, label, idx).
+def read_glue_tsv(path: Path, spec: GlueSpec, layout: TsvLayout | None = None) -> datasets.Dataset:
+    """A GLUE-format TSV of ``spec``'s task as a dataset with the hub's columns (texts, label, idx).
 
-    MRPC's header is ``Quality  #1 ID  #2 ID  #1 String  #2 String``; SST-2's ``sentence  label``.
+    ``layout``: the labeled files' (default) or the test file's. The label is the hub's: a
+    ``ClassLabel`` of the spec's names (-1 where the file has none), or STS-B's float score (NaN).
     """
     import datasets
 
-    expected = f"a GLUE {spec.title} TSV of {spec.items}"
+    layout = layout or spec.labeled
+    items = "sentence pairs" if len(spec.text_columns) == 2 else "sentences"
+    expected = f"a GLUE {spec.title} TSV of {items}"
+    rows = _rows(path, expected)
+    if not rows:
+        raise ConfigError(f"{path} is empty, where {expected} was expected.")
+    if layout.header:
+        (_, header), body = rows[0], rows[1:]
+        column = {name.strip(): i for i, name in enumerate(header)}
+        names = [str(c) for c in layout.text]
+        if any(name not in column for name in names):
+            named = " and ".join(repr(name) for name in names)
+            raise ConfigError(f"{path} is not a GLUE {spec.title} TSV: its header has no {named}.")
+        if not body:
+            raise ConfigError(f"{path} has a header line but no {items}.")
+        for line_no, row in body:
+            if len(row) != len(header):
+                raise ConfigError(f"{path} line {line_no} has {len(row)} fields where the header has {len(header)}.")
+        text_at = [column[name] for name in names]
+        label_name = str(layout.label) if layout.label is not None else "label"
+        label_at = column.get(label_name)
+        index_at = column.get(layout.index) if layout.index is not None else None
+    else:  # positions (CoLA: source, label, original label, sentence)
+        body = rows
+        width = 1 + max(int(c) for c in (*layout.text, layout.label if layout.label is not None else 0))
+        for line_no, row in body:
+            if len(row) < width:
+                raise ConfigError(f"{path} line {line_no} has {len(row)} fields where {width} were expected.")
+        text_at = [int(c) for c in layout.text]
+        label_name = "label"
+        label_at = int(layout.label) if layout.label is not None else None
+        index_at = None
+    records: dict[str, list] = {name: [row[i] for _, row in body] for name, i in zip(spec.text_columns, text_at)}
+    records["label"] = [_label(path, n, spec, label_name, row[label_at]) if label_at is not None else _unlabeled(spec)
+                        for n, row in body]
+    # The hub's idx is the 0-based row number; GLUE's test.tsv numbers its rows itself.
+    records["idx"] = [_integer(path, n, layout.index or "index", row[index_at]) if index_at is not None else i
+                      for i, (n, row) in enumerate(body)]
+    label_feature = (datasets.Value("float32") if spec.label_names is None
+                     else datasets.ClassLabel(names=list(spec.label_names)))
+    features = datasets.Features({**{name: datasets.Value("string") for name in spec.text_columns},
+                                  "label": label_feature, "idx": datasets.Value("int32")})
+    return datasets.Dataset.from_dict(records, features=features)
+
+
+def _rows(path: Path, expected: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each non-empty line."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")  # -sig: some copies start with a BOM
@@ -50,38 +98,11 @@ def read_glue_tsv(path: Path, spec: GlueSpec) -> datasets.Dataset:
     except csv.Error as err:
         raise ConfigError(f"{path} line {reader.line_num + 1} cannot be read as TSV ({err}), where {expected} "
                           "was expected.") from None
-    if not rows:
-        raise ConfigError(f"{path} is empty, where a GLUE {spec.title} TSV with a header line was expected.")
-    (_, header), body = rows[0], rows[1:]
-    column = {name.strip(): i for i, name in enumerate(header)}
-    if any(name not in column for name in spec.text_headers):
-        named = " and ".join(repr(name) for name in spec.text_headers)
-        raise ConfigError(f"{path} is not a GLUE {spec.title} TSV: its header has no {named}.")
-    if not body:
-        raise ConfigError(f"{path} has a header line but no {spec.items}.")
-    for line_no, row in body:
-        if len(row) != len(header):
-            raise ConfigError(
-                f"{path} line {line_no} has {len(row)} fields where the header has {len(header)}."
-            )
-    label_col, index_col = column.get(spec.tsv_label_header), column.get("index")
-    records: dict[str, list] = {
-        name: [row[column[header_name]] for _, row in body]
-        for name, header_name in zip(spec.text_columns, spec.text_headers)
-    }
-    records["label"] = [_label(path, n, spec, row[label_col]) if label_col is not None else UNLABELED
-                        for n, row in body]
-    # The hub's idx is the 0-based row number; GLUE's test.tsv numbers its rows itself.
-    records["idx"] = [_integer(path, n, "index", row[index_col]) if index_col is not None else i
-                      for i, (n, row) in enumerate(body)]
-    features = datasets.Features(
-        {
-            **{name: datasets.Value("string") for name in spec.text_columns},
-            "label": datasets.ClassLabel(names=list(spec.label_names)),
-            "idx": datasets.Value("int32"),
-        }
-    )
-    return datasets.Dataset.from_dict(records, features=features)
+    return rows
+
+
+def _unlabeled(spec: GlueSpec) -> float:
+    return float("nan") if spec.label_names is None else UNLABELED
 
 
 def _integer(path: Path, line: int, column: str, value: str) -> int:
@@ -91,10 +112,16 @@ def _integer(path: Path, line: int, column: str, value: str) -> int:
         raise ConfigError(f"{path} line {line} has {column} {value!r} where an integer was expected.") from None
 
 
-def _label(path: Path, line: int, spec: GlueSpec, value: str) -> int:
-    count = len(spec.label_names)
-    label = int(value) if value.strip().isdigit() else -1
-    if label not in range(count):
-        allowed = ", ".join(str(i) for i in range(count - 1)) + f" or {count - 1}"
-        raise ConfigError(f"{path} line {line} has {spec.tsv_label_header} {value!r} where {allowed} was expected.")
-    return label
+def _label(path: Path, line: int, spec: GlueSpec, column: str, value: str) -> int | float:
+    value = value.strip()
+    if spec.tsv_labels is TsvLabels.scores:
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{path} line {line} has {column} {value!r} where a number was expected.") from None
+    names = spec.label_names or ()
+    allowed = [str(i) for i in range(len(names))] if spec.tsv_labels is TsvLabels.ids else list(names)
+    if value not in allowed:
+        listed = ", ".join(allowed[:-1]) + f" or {allowed[-1]}"
+        raise ConfigError(f"{path} line {line} has {column} {value!r} where {listed} was expected.")
+    return allowed.index(value)
