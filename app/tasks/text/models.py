@@ -99,17 +99,20 @@ def load_model(name: str, labels: LabelSet, pooling: Pooling = Pooling.cls) -> n
         "label2id": {label: i for i, label in enumerate(labels.names)},
         "problem_type": PROBLEM_TYPES[labels.problem],
     }
+    # A checkpoint fine-tuned with another number of labels (an MNLI model, 3, on 5 classes) keeps its
+    # encoder and gets a new head; transformers names the weights it initialised.
+    head = {**config, "ignore_mismatched_sizes": True}
     try:
         with hub_access(name):
             if _model_type(name) == mean_pooling.MeanPoolingConfig.model_type:
-                return mean_pooling.MeanPoolingForSequenceClassification.from_pretrained(name, **config)
+                return mean_pooling.MeanPoolingForSequenceClassification.from_pretrained(name, **head)
             if pooling is Pooling.cls and _trained_with_mean_pooling(name):
                 log.info("%s is a sentence-transformers model trained with mean pooling: task.pooling=mean "
                          "usually fine-tunes it better than its [CLS] head.", name)
             if pooling is Pooling.mean:
                 encoder = AutoModel.from_pretrained(name)
                 return mean_pooling.MeanPoolingForSequenceClassification.from_encoder(encoder, **config)
-            return AutoModelForSequenceClassification.from_pretrained(name, **config)
+            return AutoModelForSequenceClassification.from_pretrained(name, **head)
     except (OSError, ValueError) as e:
         raise ConfigError(
             f"Could not load the model {name!r}, which is neither a local folder with config.json and "

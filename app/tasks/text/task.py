@@ -117,6 +117,7 @@ class TextClassificationTask:
                         train_lengths=lengths, extra_eval={s: d for s, d in evaluations.items() if s})
 
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, dict[str, datasets.Dataset]]:
+        """Every split read and checked, then tokenized: bad data is refused before anything is cached."""
         cfg = self.cfg
         splits = ("train", *self.eval_suffixes, self.test_split)
         raw = load_splits(cfg, self.spec, splits, cache_root(cfg.cache_dir, cfg.name) / "raw")
@@ -125,7 +126,6 @@ class TextClassificationTask:
         self.labels = read_labels(train, cfg.label_field, cfg.problem,
                                   self.spec.label_names if self.spec is not None else None)
         self._check_labels_fit(train)
-        check_tokenizer_covers(self.tokenizer, cfg.tokenizer or cfg.model, train.data, self.text_fields)
         train_rows = self._rows(train, labeled=True, train_origin=train.origin)
         evaluations: dict[str, Rows] = {}
         for split, suffix in self.eval_suffixes.items():
@@ -139,6 +139,7 @@ class TextClassificationTask:
             check_columns(test, self.text_fields, None)  # its labels, if it has any, are not read
             self._raw_test = test
             self._test_rows = self._rows(test, labeled=False, train_origin=train.origin)
+        check_tokenizer_covers(self.tokenizer, cfg.tokenizer or cfg.model, train.data, self.text_fields)
         tokenized_train = self._tokenize(train_rows, "train")
         if cfg.swap_pairs:
             import datasets
