@@ -149,7 +149,7 @@ def cli() -> None:
     from app.launching.resume_argv import argv_for_resume
     from app.launching.torchrun import LaunchError, argv_for_rank
 
-    sys.argv[1:] = config_dir_as_searchpath(sys.argv[1:])
+    sys.argv[1:] = task_keys_of_a_task_sweep(config_dir_as_searchpath(sys.argv[1:]))
     try:
         # resume=<path> continues in the original run folder: decided before Hydra creates a new one.
         sys.argv[1:] = argv_for_resume(sys.argv[1:])
@@ -195,6 +195,20 @@ def config_dir_as_searchpath(argv: list[str]) -> list[str]:
 
     paths = ",".join(quote(f"file://{Path(folder).expanduser().resolve()}") for folder in folders)
     return [*out, f"hydra.searchpath=[{paths}]"]
+
+
+def task_keys_of_a_task_sweep(argv: list[str]) -> list[str]:
+    """In a sweep over tasks (``-m task=glue_cola,glue_rte``), ``task.<key>=value`` as
+    ``++task.<key>=value``. Hydra first composes a multirun's config with the default of each swept
+    group (task=digits), where a key of the swept tasks (``task.data_dir``) does not exist and would
+    stop the sweep before its first job; ``++`` sets it wherever it exists, and each job's own config
+    is still checked key by key (``unknown_keys``)."""
+    if not any(arg in ("-m", "--multirun") for arg in argv):
+        return argv
+    sweeps_tasks = any(arg.startswith("task=") and ("," in arg or "(" in arg) for arg in argv)
+    if not sweeps_tasks:
+        return argv
+    return [f"++{arg}" if arg.startswith("task.") and "=" in arg else arg for arg in argv]
 
 
 def exit_without_teardown(code: int | str | None) -> NoReturn:

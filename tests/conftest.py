@@ -48,3 +48,12 @@ def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | N
 @pytest.fixture
 def compose_cfg():
     return compose_config
+
+
+@pytest.fixture(scope="session")
+def text_model(tmp_path_factory) -> Path:
+    """A tiny BERT whose vocabulary covers tests/text_data.py's generated texts."""
+    from tests.text_data import vocabulary_text
+    from tests.tiny_bert import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())

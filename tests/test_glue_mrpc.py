@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -20,29 +19,17 @@ from app.tasks.text.sources import load_glue_folder
 from app.tasks.text.task import TextClassificationTask
 from app.tasks.text.tokenization import IGNORE_INDEX
 from app.tasks.text.tsv import read_glue_tsv
-from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, mrpc_config, synthetic_pairs, write_glue_tsv
+from tests.tiny_bert import (
+    FakeRuntime,
+    make_tiny_bert,
+    make_tiny_glue_tsv,
+    mrpc_config,
+    synthetic_pairs,
+    write_glue_tsv,
+)
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
 MRPC = GLUE_SPECS[GlueName.mrpc]
-
-
-class FakeRuntime:
-    """Stand-in for the Accelerator on one process (the task sees it as a TaskRuntime)."""
-
-    is_main_process = True
-    static_shapes = False
-
-    def __init__(self) -> None:
-        self.entered = 0
-        self.checkpointed: list = []
-
-    @contextmanager
-    def main_process_first(self):
-        self.entered += 1
-        yield
-
-    def register_for_checkpointing(self, *objects) -> None:
-        self.checkpointed.extend(objects)
 
 
 def one_sentence(message: str) -> bool:

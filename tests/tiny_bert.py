@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +58,26 @@ def write_glue_tsv(path: Path, rows: list[tuple[int, str, str]], first_id: int =
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+class FakeRuntime:
+    """Stand-in for the Accelerator on one process (the task sees it as a TaskRuntime); it keeps what
+    the task registers for checkpointing."""
+
+    is_main_process = True
+    static_shapes = False
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.checkpointed: list = []
+
+    @contextmanager
+    def main_process_first(self):
+        self.entered += 1
+        yield
+
+    def register_for_checkpointing(self, *objects) -> None:
+        self.checkpointed.extend(objects)
 
 
 def mrpc_config(**values: object) -> TextClassificationConfig:

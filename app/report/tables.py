@@ -75,7 +75,7 @@ def tasks_markdown(rows: list[JobRow], sweep_dir: Path) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     if glue:
         complete = len(scores) == len(rows)
-        average = f"{sum(scores) / len(scores):.1f}" if complete and scores else "n/a (a task did not finish)"
+        average = f"{sum(scores) / len(scores):.1f}" if complete and scores else "n/a (a task has no finished score)"
         lines += ["", f"**GLUE score** over the {len(rows)} task(s) run: {average}."]
     return "\n".join(lines) + "\n"
 
