@@ -20,5 +20,5 @@ def make_clusters(samples: int, features: int, classes: int, separation: float, 
 def split(samples: int, eval_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(train rows, evaluation rows)."""
     order = np.random.default_rng(seed + 1).permutation(samples)
-    cut = int(round(eval_fraction * samples))
+    cut = round(eval_fraction * samples)
     return order[cut:], order[:cut]
