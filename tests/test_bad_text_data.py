@@ -2,7 +2,12 @@
 row or value), exit status 2, and nothing written but Hydra's record and the log: a missing file, a
 column that does not exist (the columns that do are listed), an empty split, a label column with one
 class, a text field that is not text, a float label with ``problem=single_label``, an evaluation
-label the training data does not have, a monitor or metric the problem does not report, no data."""
+label the training data does not have, a monitor or metric the problem does not report, no data.
+
+Each case is refused by the task's build_data (checked here in this process, as the engine calls it)
+or by the config's rules; a real ``python -m app`` of each kind (a file, a column, a label, the
+monitor checked after the data, a config rule) shows what a user sees: a worker that imports torch
+and datasets costs ~7 s of CPU, too much to start one per case."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import sys
 
 import pytest
 
+from app.config import ConfigError
+from app.tasks.text.config import TextClassificationConfig
 from tests.text_data import pair_rows, score_rows, write_csv
 
 QUIET = ("logging.progress_bar=false", "logging.trackers=[]", "logging.print_config=false")
@@ -45,21 +52,58 @@ REFUSED = {
 }
 
 
-@pytest.mark.timeout(240)
-def test_bad_text_data_is_one_sentence_and_writes_nothing(tmp_path, text_model):
+def write_data(folder):
     header = ["question", "answer", "label", "n"]
     rows = [(*row, i) for i, row in enumerate(pair_rows(30, seed=1))]
-    write_csv(tmp_path / "train.csv", header, rows)
-    write_csv(tmp_path / "dev.csv", header, [rows[0], rows[1], ("a question?", "an answer.", "maybe", 7), rows[3]])
-    write_csv(tmp_path / "empty.csv", header, [])
-    write_csv(tmp_path / "one_class.csv", header, [row for row in rows if row[2] == "yes"])
+    write_csv(folder / "train.csv", header, rows)
+    write_csv(folder / "dev.csv", header, [rows[0], rows[1], ("a question?", "an answer.", "maybe", 7), rows[3]])
+    write_csv(folder / "empty.csv", header, [])
+    write_csv(folder / "one_class.csv", header, [row for row in rows if row[2] == "yes"])
     scores = score_rows(30, seed=2)
-    write_csv(tmp_path / "scores.csv", ["review", "score"], scores)
-    fraction = next(score for _, score in scores if not float(score).is_integer())
+    write_csv(folder / "scores.csv", ["review", "score"], scores)
+    return next(score for _, score in scores if not float(score).is_integer())
+
+
+def overrides_as_config(args: tuple[str, ...], folder, model) -> TextClassificationConfig:
+    """What ``python -m app <args>`` composes for the task, paths made absolute."""
+    from tests.conftest import compose_config
+
+    absolute = [a.replace("=", f"={folder}/", 1) if a.startswith("task.data_files.") else a for a in args]
+    cfg = compose_config(*absolute, f"task.model={model}", f"task.cache_dir={folder / 'cache'}").task
+    assert isinstance(cfg, TextClassificationConfig)
+    return cfg
+
+
+@pytest.mark.timeout(240)
+def test_every_bad_text_input_is_one_sentence(tmp_path, text_model, monkeypatch):
+    from app.tasks.text.task import TextClassificationTask
+    from tests.tiny_bert import FakeRuntime
+
+    fraction = write_data(tmp_path)
+    monkeypatch.chdir(tmp_path)  # the messages name the files as the command line does
+    for name, (args, message) in REFUSED.items():
+        if name == "monitor":
+            continue  # the engine's (after build_data): the subprocess test below
+        expected = message.format(fraction=fraction).replace("=nope.csv", f"={tmp_path}/nope.csv")
+        with pytest.raises(ConfigError) as refused:
+            cfg = overrides_as_config(args, tmp_path, text_model)
+            TextClassificationTask(cfg).build_data(FakeRuntime())
+        text = str(refused.value).replace(f"{tmp_path}/", "") if name != "missing_file" else str(refused.value)
+        assert expected in text, (name, text)
+        assert text.endswith(".") and "\n" not in text, name
+
+
+SUBPROCESS_CASES = ("missing_file", "missing_column", "unseen_label", "monitor", "metric", "no_data")
+
+
+@pytest.mark.timeout(240)
+def test_bad_text_data_exits_with_one_sentence_and_writes_nothing(tmp_path, text_model):
+    fraction = write_data(tmp_path)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1"}
     procs = {}
-    for name, (args, _) in REFUSED.items():  # side by side, to save time
+    for name in SUBPROCESS_CASES:  # side by side, to save time
+        args = REFUSED[name][0]
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "app", *args, f"task.model={text_model}", f"task.cache_dir={tmp_path / 'cache'}",
              *QUIET, f"hydra.run.dir={tmp_path / name}"],

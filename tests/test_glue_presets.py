@@ -73,13 +73,13 @@ def test_every_glue_tsv_layout_reads_as_the_hubs_columns(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_sweep_over_glue_tasks_gives_one_glue_table(tmp_path, text_model):
-    """python -m app -m task=glue_mnli,glue_stsb,glue_cola on glue_data/: one job per task, MNLI
-    evaluated on matched and mismatched, STS-B a regression, and the sweep report's GLUE summary."""
+    """python -m app -m task=glue_mnli,glue_stsb on glue_data/: one job per task, MNLI evaluated on
+    matched and mismatched, STS-B a regression, and the sweep report's GLUE summary."""
     root = tmp_path / "glue_data"
-    for name in ("mnli", "stsb", "cola"):
+    for name in ("mnli", "stsb"):
         write_glue_task(root / GLUE_FOLDERS[name], name, n=24, seed=1)
     sweep = tmp_path / "sweep"
-    run_app("-m", "task=glue_mnli,glue_stsb,glue_cola", f"task.data_dir={root}", f"task.model={text_model}",
+    run_app("-m", "task=glue_mnli,glue_stsb", f"task.data_dir={root}", f"task.model={text_model}",
             f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "trainer.max_steps=4",
             "trainer.eval_every_n_steps=2", "trainer.batch_size=8", "checkpoint.every_epoch=false",
             "logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false",
@@ -89,15 +89,14 @@ def test_a_sweep_over_glue_tasks_gives_one_glue_table(tmp_path, text_model):
         events = [json.loads(x) for x in (sweep / str(job) / "metrics.jsonl").read_text().splitlines()]
         return [e for e in events if "eval/loss" in e]
 
-    mnli, stsb, cola = evaluations(0), evaluations(1), evaluations(2)
+    mnli, stsb = evaluations(0), evaluations(1)
     assert all(e["eval/num_samples"] == 24 and e["eval/num_samples_mm"] == 24 for e in mnli)
     assert {"eval/accuracy", "eval/accuracy_mm", "eval/loss_mm"} <= set(mnli[-1])
     assert {"eval/pearson", "eval/spearman"} <= set(stsb[-1]) and "eval/accuracy" not in stsb[-1]
-    assert "eval/matthews_corrcoef" in cola[-1]
     summary = (sweep / "sweep.md").read_text()
     assert summary.startswith(f"# GLUE summary: sweep {sweep}")
     lines = summary.splitlines()
-    table = lines[lines.index("| task | metrics | score | monitor | status | steps | folder |") + 2:][:3]
-    assert [row.split(" | ")[0] for row in table] == ["| glue_mnli", "| glue_stsb", "| glue_cola"]
-    assert "accuracy_mm" in table[0] and "spearman" in table[1] and "matthews_corrcoef" in table[2]
-    assert "**GLUE score** over the 3 task(s) run:" in summary
+    table = lines[lines.index("| task | metrics | score | monitor | status | steps | folder |") + 2:][:2]
+    assert [row.split(" | ")[0] for row in table] == ["| glue_mnli", "| glue_stsb"]
+    assert "accuracy_mm" in table[0] and "spearman" in table[1]
+    assert "**GLUE score** over the 2 task(s) run:" in summary

@@ -229,9 +229,10 @@ def test_two_text_columns_on_two_processes_export_their_label_names(tmp_path, ti
 @pytest.mark.timeout(240)
 def test_a_score_column_is_a_regression_that_resumes_exactly(tmp_path, tiny_model):
     """Floats in the label column: one output, mean squared error, eval/pearson and eval/spearman; a run
-    stopped at step 3 and resumed ends as the one that ran through, bit for bit (the engine's run, in
-    this process: two more interpreters would only import the same libraries again). A constant
-    learning rate: a linear schedule would differ with the number of steps."""
+    stopped at step 3 and resumed ends as the one that ran through, bit for bit, and mode=eval of its
+    export measures what training measured (the engine's run, in this process: more interpreters would
+    only import the same libraries again). A constant learning rate: a linear schedule would differ
+    with the number of steps."""
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification
 
@@ -244,9 +245,11 @@ def test_a_score_column_is_a_regression_that_resumes_exactly(tmp_path, tiny_mode
               f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "trainer.batch_size=8",
               "trainer.eval_every_n_steps=3", "checkpoint.every_n_steps=3", "trainer.max_epochs=-1",
               "scheduler=constant", "scheduler.warmup_ratio=0", *QUIET]
-    through, split, resumed = compose_many([[*common, "trainer.max_steps=6"], [*common, "trainer.max_steps=3"],
-                                            [*common, "trainer.max_steps=6", f"resume={tmp_path / 'split'}"]])
-    for cfg, folder in ((through, "through"), (split, "split"), (resumed, "split")):
+    through, split, resumed, evaluated = compose_many([
+        [*common, "trainer.max_steps=6"], [*common, "trainer.max_steps=3"],
+        [*common, "trainer.max_steps=6", f"resume={tmp_path / 'split'}"],
+        [*common, "mode=eval", f"resume={tmp_path / 'split' / 'model'}"]])
+    for cfg, folder in ((through, "through"), (split, "split"), (resumed, "split"), (evaluated, "evaluated")):
         (tmp_path / folder).mkdir(exist_ok=True)
         run(cfg, tmp_path / folder)
 
@@ -260,6 +263,10 @@ def test_a_score_column_is_a_regression_that_resumes_exactly(tmp_path, tiny_mode
     assert evaluations("split") == expected  # same losses and metrics, bit for bit
     weights = [load_file(tmp_path / folder / "model" / "model.safetensors") for folder in ("through", "split")]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    exported = json.loads((tmp_path / "split" / "model" / "export.json").read_text())["step"]
+    measured = json.loads((tmp_path / "evaluated" / "eval_metrics.json").read_text())["metrics"]
+    assert measured == {k: v for k, v in next(e for e in expected if e["step"] == exported).items()
+                        if k.startswith("eval/")}  # mode=eval of the export measures what training measured
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "split" / "model")
     assert loaded.config.num_labels == 1 and loaded.config.problem_type == "regression"
     assert loaded.config.id2label == {0: "score"}

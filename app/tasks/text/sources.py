@@ -15,7 +15,7 @@ the tokenization cache) and what messages call them (a file's path).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -46,16 +46,18 @@ class Split:
     origin: str
 
 
-def load_splits(cfg: TextClassificationConfig, spec: GlueSpec | None, names: Iterable[str],
+def load_splits(cfg: TextClassificationConfig, spec: GlueSpec | None, eval_splits: Sequence[str], test_split: str,
                 raw_cache: Path) -> dict[str, Split]:
-    """The splits ``names`` (train first, then evaluation and test splits) that the source has."""
+    """train, the evaluation splits and the test split, those the source has (by these names: a
+    validation file is the first evaluation split, MNLI's validation_matched)."""
     if cfg.data_files.train is not None:
-        files = {"train": cfg.data_files.train, "validation": cfg.data_files.validation, "test": cfg.data_files.test}
-        return {split: read_file(path, split, raw_cache) for split, path in files.items() if path is not None}
+        files = {"train": ("train", cfg.data_files.train), eval_splits[0]: ("validation", cfg.data_files.validation),
+                 test_split: ("test", cfg.data_files.test)}
+        return {split: read_file(path, key, raw_cache) for split, (key, path) in files.items() if path is not None}
     if cfg.data_dir is not None and spec is not None:
         return load_glue_folder(cfg.data_dir, spec)
     assert cfg.dataset is not None  # the schema's check: one of the three is given
-    return load_dataset_splits(cfg.dataset, cfg.dataset_config, spec, list(names))
+    return load_dataset_splits(cfg.dataset, cfg.dataset_config, spec, ["train", *eval_splits, test_split])
 
 
 def check_local_paths(cfg: TextClassificationConfig) -> None:
@@ -69,7 +71,8 @@ def check_local_paths(cfg: TextClassificationConfig) -> None:
 
 
 def read_file(path_text: str, split: str, raw_cache: Path) -> Split:
-    """One split from a local file (its suffix says the format) or ``save_to_disk`` folder."""
+    """One split (``task.data_files.<split>``) from a local file (its suffix says the format) or a
+    ``save_to_disk`` folder (a DatasetDict's split of that name)."""
     import datasets
 
     path = Path(path_text).expanduser()

@@ -18,6 +18,7 @@ import json
 import math
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,12 +45,14 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+@dataclass
 class Rows:
-    """A split's texts and encoded targets (``LABEL_COLUMN``), what messages call it, and a digest
-    of both (the tokenization cache key)."""
+    """A split's texts and encoded targets (``LABEL_COLUMN``), a digest of both (the tokenization
+    cache key), and what messages call it."""
 
-    def __init__(self, data: datasets.Dataset, key: str, origin: str):
-        self.data, self.key, self.origin = data, key, origin
+    data: datasets.Dataset
+    key: str
+    origin: str
 
 
 class TextClassificationTask:
@@ -119,8 +122,8 @@ class TextClassificationTask:
     def _load_and_tokenize(self) -> tuple[datasets.Dataset, dict[str, datasets.Dataset]]:
         """Every split read and checked, then tokenized: bad data is refused before anything is cached."""
         cfg = self.cfg
-        splits = ("train", *self.eval_suffixes, self.test_split)
-        raw = load_splits(cfg, self.spec, splits, cache_root(cfg.cache_dir, cfg.name) / "raw")
+        raw = load_splits(cfg, self.spec, list(self.eval_suffixes), self.test_split,
+                          cache_root(cfg.cache_dir, cfg.name) / "raw")
         train = raw["train"]
         check_columns(train, self.text_fields, cfg.label_field)
         self.labels = read_labels(train, cfg.label_field, cfg.problem,
