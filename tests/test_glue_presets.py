@@ -83,7 +83,7 @@ def test_a_sweep_over_glue_tasks_gives_one_glue_table(tmp_path, text_model):
             f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "trainer.max_steps=4",
             "trainer.eval_every_n_steps=2", "trainer.batch_size=8", "checkpoint.every_epoch=false",
             "logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false",
-            f"hydra.sweep.dir={sweep}", cwd=tmp_path, check=True, timeout=380)
+            f"hydra.sweep.dir={sweep}", cwd=tmp_path, check=True, timeout=380, env={"OMP_NUM_THREADS": "1"})
 
     def evaluations(job: int) -> list[dict]:
         events = [json.loads(x) for x in (sweep / str(job) / "metrics.jsonl").read_text().splitlines()]

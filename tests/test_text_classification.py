@@ -3,8 +3,9 @@
 The formats users bring (CSV, TSV, JSON, JSON Lines, parquet, save_to_disk, datasets.load_dataset of
 a folder) read alike; the problem and the label set come from the label column (string or integer
 classes, floats, lists); a held-out evaluation set when there is none; metrics by name from
-scikit-learn and SciPy; the label set in every checkpoint; end to end on two processes with the
-export loading with from_pretrained and carrying the label names. Bad data: tests/test_bad_text_data.py.
+scikit-learn and SciPy; the label set in every checkpoint; end to end with the export loading with
+from_pretrained and carrying the label names; a regression resumed exactly and evaluated with
+mode=eval. Bad data: tests/test_bad_text_data.py.
 """
 
 from __future__ import annotations
@@ -191,11 +192,11 @@ def test_metrics_are_scikit_learns_and_scipys():
     assert 0.0 < multi["f1_micro"] < 1.0 and 0.0 < multi["f1_macro"] < 1.0
 
 
-@pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_two_text_columns_on_two_processes_export_their_label_names(tmp_path, tiny_model):
-    """A CSV of (question, answer) with yes/no labels, a validation file of 21 rows (uneven over 2
-    processes) and an unlabeled test file, as a user runs it."""
+def test_two_text_columns_with_yes_no_labels_train_predict_and_export_their_label_names(tmp_path, tiny_model):
+    """A CSV of (question, answer) with yes/no labels, a validation file and an unlabeled test file,
+    as a user runs it (on two processes the text task runs in tests/test_glue_sst2.py and
+    tests/test_glue_mrpc_app.py: the GLUE presets are this task)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     header = ["question", "answer", "label"]
@@ -207,10 +208,10 @@ def test_two_text_columns_on_two_processes_export_their_label_names(tmp_path, ti
             "task.data_files.test=test.csv", "task.text_fields=[question,answer]", f"task.model={tiny_model}",
             f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "task.predict_test=true",
             "task.metrics=[accuracy,f1,matthews_corrcoef]", "early_stopping.monitor=eval/f1", "early_stopping.mode=max",
-            "hardware=multi_cpu", "hardware.num_processes=2", "trainer.max_steps=4", "trainer.eval_every_n_steps=2",
-            "trainer.batch_size=8", *QUIET, f"hydra.run.dir={run_dir}", cwd=tmp_path, check=True, timeout=220)
+            "trainer.max_steps=4", "trainer.eval_every_n_steps=2", "trainer.batch_size=8", *QUIET,
+            f"hydra.run.dir={run_dir}", cwd=tmp_path, check=True, timeout=220, env={"OMP_NUM_THREADS": "1"})
 
-    assert (run_dir / "app.log").read_text().count("training text_classification on 2 process(es);") == 1
+    assert (run_dir / "app.log").read_text().count("training text_classification on 1 process(es);") == 1
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if "eval/f1" in e]
     assert [e["step"] for e in evals] == [2, 4]
@@ -248,7 +249,7 @@ def test_a_score_column_is_a_regression_that_resumes_exactly(tmp_path, tiny_mode
     through, split, resumed, evaluated = compose_many([
         [*common, "trainer.max_steps=6"], [*common, "trainer.max_steps=3"],
         [*common, "trainer.max_steps=6", f"resume={tmp_path / 'split'}"],
-        [*common, "mode=eval", f"resume={tmp_path / 'split' / 'model'}"]])
+        [*common, "trainer.max_steps=6", "mode=eval", f"resume={tmp_path / 'split' / 'model'}"]])
     for cfg, folder in ((through, "through"), (split, "split"), (resumed, "split"), (evaluated, "evaluated")):
         (tmp_path / folder).mkdir(exist_ok=True)
         run(cfg, tmp_path / folder)
