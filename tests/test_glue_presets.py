@@ -100,3 +100,20 @@ def test_a_sweep_over_glue_tasks_gives_one_glue_table(tmp_path, text_model):
     assert [row.split(" | ")[0] for row in table] == ["| glue_mnli", "| glue_stsb"]
     assert "accuracy_mm" in table[0] and "spearman" in table[1]
     assert "**GLUE score** over the 2 task(s) run:" in summary
+
+
+def test_mnli_without_its_mismatched_set_is_refused_and_its_own_files_have_one(tmp_path):
+    from app.config import ConfigError
+    from app.tasks.text.task import TextClassificationTask
+    from tests.conftest import compose_config
+    from tests.tiny_bert import FakeRuntime
+
+    write_glue_task(tmp_path / "MNLI", "mnli", n=12)
+    (tmp_path / "MNLI" / "dev_mismatched.tsv").unlink()
+    cfg = compose_config("task=glue_mnli", f"task.data_dir={tmp_path}").task
+    with pytest.raises(ConfigError, match=r"^the MNLI data has no validation_mismatched split, whose metrics "
+                                          r"\(eval/\*_mm\) the task reports\.$"):
+        TextClassificationTask(cfg).build_data(FakeRuntime())
+    assert TextClassificationTask(cfg).metric_names == ("loss", "accuracy", "loss_mm", "accuracy_mm")
+    own = compose_config("task=glue_mnli", "task.data_files.train=train.csv", "task.data_files.validation=dev.csv").task
+    assert TextClassificationTask(own).metric_names == ("loss", "accuracy")  # one validation file: one set

@@ -64,7 +64,10 @@ class TextClassificationTask:
         self.title = self.spec.title if self.spec is not None else cfg.name
         """The task in messages and progress bars (``MRPC``)."""
         self.text_fields = tuple(cfg.text_fields)
-        self.eval_suffixes = self.spec.eval_suffixes if self.spec is not None else {"validation": ""}
+        suffixes = self.spec.eval_suffixes if self.spec is not None else {"validation": ""}
+        if cfg.data_files.train is not None:  # one validation file: the main evaluation set alone
+            suffixes = dict(list(suffixes.items())[:1])
+        self.eval_suffixes = suffixes
         """Evaluation split -> its metrics' suffix ("": the main evaluation set)."""
         self.test_split = self.spec.test_split if self.spec is not None else "test"
         self.labels: LabelSet | None = None
@@ -135,6 +138,9 @@ class TextClassificationTask:
             if split in raw:
                 check_columns(raw[split], self.text_fields, cfg.label_field)
                 evaluations[suffix] = self._rows(raw[split], labeled=True, train_origin=train.origin)
+            elif suffix:  # a further evaluation set's metrics are promised by metric_names: MNLI's mismatched
+                raise ConfigError(f"the {self.title} data has no {split} split, whose metrics (eval/*_{suffix}) the "
+                                  "task reports.")
         if "" not in evaluations:
             train_rows, evaluations[""] = self._hold_out(train_rows)
         test = raw.get(self.test_split)
