@@ -103,17 +103,25 @@ def test_the_tabular_example_trains_resumes_evaluates_and_sweeps_from_its_own_fo
 
 
 @pytest.mark.timeout(200)
-def test_the_example_config_is_checked_as_ours_is(example):
+def test_the_example_config_is_checked_as_ours_is(example, monkeypatch):
+    """An unknown key (added with +), a value the schema's own rule refuses, a typo Hydra refuses as it
+    does for our tasks: one sentence each; a wrong type, in this process (the same path as the first
+    two, without paying torch's import once more)."""
+    from app.config import ConfigError
+    from app.tasks.external import typed_task_config
+
     cases = {
         "+task.hiden=3": "unknown configuration key task.hiden: TabularConfig has the keys name, samples, features, "
                          "classes, class_separation, data_seed, eval_fraction, hidden_sizes, dropout.",
-        "task.classes=x": "task.classes is refused by TabularConfig: Value 'x' of type 'str' could not be converted "
-                          "to Integer.",
         "task.classes=1": "task.classes must be 2 or more, got 1.",
-        "task.hiden=3": None,  # Hydra's own refusal of a typo, as for our tasks
+        "task.hiden=3": None,  # Hydra's own refusal of a typo, before the task's package is imported
     }
     procs = {override: start(example, "task=tabular", override, f"hydra.run.dir=refused_{i}")
              for i, override in enumerate(cases)}  # side by side, to save time
+    monkeypatch.syspath_prepend(str(example))
+    with pytest.raises(ConfigError, match=r"^task\.classes is refused by TabularConfig: Value 'x' of type 'str' "
+                                          r"could not be converted to Integer\.$"):
+        typed_task_config({"_target_": "tabular_task.TabularTask", "classes": "x"})
     for override, proc in procs.items():
         _, err = proc.communicate(timeout=180)
         message = cases[override]
