@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig
-from app.configure import register_configs
+from app.configure import register_configs, to_run_config
 from app.console import announce, enter_parallel_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
@@ -61,10 +61,9 @@ def main(dict_cfg: DictConfig) -> float | None:
     undo = RunFolderUndo.take(run_dir) if os.environ.get("RANK", "0") == "0" else None
     try:
         try:
-            cfg = OmegaConf.to_object(dict_cfg)
-        except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
-            fail(f"invalid configuration: {err}".splitlines()[0])
-        assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
+            cfg = to_run_config(dict_cfg)
+        except ConfigError as err:
+            fail(str(err))
         if unknown := unknown_keys(OmegaConf.to_container(dict_cfg, resolve=False), cfg):
             parent: Any = cfg
             for part in unknown[0].split(".")[:-1]:
@@ -179,6 +178,8 @@ def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:
     fields = {f.name for f in dataclasses.fields(typed)}
     found = []
     for key, value in composed.items():
+        if key == "_target_" and hasattr(typed, key):
+            continue  # a user's task config carries its class as an attribute (app/tasks/external.py)
         if key not in fields:
             found.append(f"{prefix}{key}")
         else:
@@ -217,6 +218,7 @@ def cli() -> None:
     from app.launching.resume_argv import argv_for_resume
     from app.launching.torchrun import LaunchError, argv_for_rank
 
+    sys.argv[1:] = task_keys_of_a_task_sweep(config_dir_as_searchpath(sys.argv[1:]))
     try:
         # resume=<path> continues in the original run folder: decided before Hydra creates a new one.
         sys.argv[1:] = argv_for_resume(sys.argv[1:])
@@ -252,6 +254,44 @@ def cli() -> None:
              f"cannot read the override {err.override}: {str(err.message).splitlines()[0].rstrip('.')}.")
     finally:
         CLAIMS.release_all()  # also when Hydra itself refuses the config
+
+
+def config_dir_as_searchpath(argv: list[str]) -> list[str]:
+    """``--config-dir DIR`` (``-cd DIR``, ``--config-dir=DIR``) as the override
+    ``hydra.searchpath=[file://<DIR, absolute>]``, which Hydra reads the same way (the folder's groups,
+    e.g. ``task/my_task.yaml``, join ours). As an override it survives the command-line rewrites before
+    Hydra (resume=, torchrun's ranks), which place the earlier run's overrides first: Hydra's argument
+    parser takes the overrides only before or only after an option, not on both sides of it."""
+    out: list[str] = []
+    folders: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--config-dir", "-cd"):
+            folders.append(next(args, ""))
+        elif arg.startswith("--config-dir="):
+            folders.append(arg.split("=", 1)[1])
+        else:
+            out.append(arg)
+    if not folders or any(arg.lstrip("+").startswith("hydra.searchpath=") for arg in out):
+        return argv  # none, or the user also sets the search path: Hydra combines them itself
+    from app.launching.overrides import quote
+
+    paths = ",".join(quote(f"file://{Path(folder).expanduser().resolve()}") for folder in folders)
+    return [*out, f"hydra.searchpath=[{paths}]"]
+
+
+def task_keys_of_a_task_sweep(argv: list[str]) -> list[str]:
+    """In a sweep over tasks (``-m task=glue_cola,glue_rte``), ``task.<key>=value`` as
+    ``++task.<key>=value``. Hydra first composes a multirun's config with the default of each swept
+    group (task=digits), where a key of the swept tasks (``task.data_dir``) does not exist and would
+    stop the sweep before its first job; ``++`` sets it wherever it exists, and each job's own config
+    is still checked key by key (``unknown_keys``)."""
+    if not any(arg in ("-m", "--multirun") for arg in argv):
+        return argv
+    sweeps_tasks = any(arg.startswith("task=") and ("," in arg or "(" in arg) for arg in argv)
+    if not sweeps_tasks:
+        return argv
+    return [f"++{arg}" if arg.startswith("task.") and "=" in arg else arg for arg in argv]
 
 
 def exit_without_teardown(code: int | str | None) -> NoReturn:

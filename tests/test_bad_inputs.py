@@ -148,8 +148,10 @@ def test_the_finiteness_check_finds_every_nan_and_infinity_without_a_copy_of_the
 
 
 def glue_refusal(path: Path) -> str:
-    from app.tasks.glue.tsv import read_glue_tsv
-    from app.tasks.glue_mrpc_config import MRPC
+    from app.tasks.text.glue import GLUE_SPECS, GlueName
+    from app.tasks.text.tsv import read_glue_tsv
+
+    MRPC = GLUE_SPECS[GlueName.mrpc]
 
     with pytest.raises(ConfigError) as err:
         read_glue_tsv(path, MRPC)
@@ -186,24 +188,25 @@ def offline(monkeypatch):
 
 
 def test_a_tokenizer_that_cannot_encode_the_data_and_a_damaged_config_are_named(tmp_path, offline):
-    from app.tasks.glue.models import load_model
-    from app.tasks.glue_mrpc import GlueMrpcTask
-    from app.tasks.glue_mrpc_config import MRPC, GlueMrpcConfig
+    from app.tasks.text.models import load_model
+    from app.tasks.text.task import TextClassificationTask
+    from tests.tiny_bert import mrpc_config
 
     data = make_tiny_glue_tsv(tmp_path / "data", n_train=48, n_val=16)
     model = make_tiny_bert(tmp_path / "bert", [s for _, s1, s2 in synthetic_pairs(100, seed=9) for s in (s1, s2)])
     for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         (model / tokenizer_file).unlink(missing_ok=True)
-    cfg = GlueMrpcConfig(model=str(model), data_dir=str(data), cache_dir=str(tmp_path / "cache"))
+    cfg = mrpc_config(model=str(model), data_dir=str(data), cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ConfigError) as err:
-        GlueMrpcTask(cfg).build_data(Accelerator(cpu=True))
+        TextClassificationTask(cfg).build_data(Accelerator(cpu=True))
     assert str(err.value).startswith(f"the tokenizer in {model} encodes 100% of the tokens of the first 48 training "
                                      "pairs as [UNK]; it has only 5 tokens: are its vocabulary files")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
     config = model / "config.json"
     config.write_text(config.read_text()[:40])
-    for load in (lambda: GlueMrpcTask(cfg).tokenizer, lambda: load_model(str(model), MRPC.label_names)):
+    task = TextClassificationTask(cfg)
+    for load in (lambda: TextClassificationTask(cfg).tokenizer, lambda: load_model(str(model), task.label_set())):
         with pytest.raises(ConfigError, match=rf"^{config} is not valid JSON \(.*\); the model folder's configuration "
                                               r"is damaged\.$"):
             load()

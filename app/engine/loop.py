@@ -106,6 +106,9 @@ class Components:
     """A ``torch.profiler.profile`` stepped after every optimizer step (trainer.profile_steps)."""
     pruning: Pruning = field(default_factory=NoPruning)
     """A pruned sweep's trial reports each evaluation to its study (``app.engine.pruning``)."""
+    extra_eval_loaders: dict[str, Any] = field(default_factory=dict)
+    """Further evaluation sets by name (``TaskData.extra_eval``): evaluated after ``eval_loader``, their
+    metrics reported as ``eval/<metric>_<name>`` (GLUE MNLI: ``mm``, ``eval/accuracy_mm``)."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -126,34 +129,42 @@ def total_optimizer_steps(cfg: RunConfig, num_batches: int) -> int:
 
 @torch.no_grad()
 def evaluate(c: Components) -> dict[str, float]:
-    """Metrics over the whole evaluation set, from predictions gathered across processes with the
-    padding duplicates removed.
+    """Metrics over the whole evaluation set (and each further one, its keys suffixed with its name),
+    from predictions gathered across processes with the padding duplicates removed.
 
     Only the main process keeps the gathered predictions and computes the metrics, which it then
     shares with the others: the evaluation set's logits are held once, not once per process (the
     other processes drop each batch's gathered copy at once)."""
     acc = c.accelerator
-    keep = acc.is_main_process
     c.model.eval()
+    metrics: dict[str, float] = {}
+    with c.evaluation_weights():
+        for suffix, loader in (("", c.eval_loader), *((f"_{n}", d) for n, d in c.extra_eval_loaders.items())):
+            metrics.update({f"eval/{k}{suffix}": v for k, v in evaluate_set(c, loader, suffix).items()})
+    c.model.train()
+    return acc.broadcast_object(metrics if acc.is_main_process else None)
+
+
+def evaluate_set(c: Components, loader: Any, suffix: str) -> dict[str, float]:
+    """One evaluation set's metrics (keys without prefix) on the main process; {} on the others."""
+    acc = c.accelerator
+    keep = acc.is_main_process
     logits, labels = [], []
     gathered_samples = 0
-    with c.evaluation_weights():
-        for batch in with_progress(c.eval_loader, c.show_progress, desc="eval"):
-            out = c.task.step(c.model, batch)
-            batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
-            gathered_samples += len(batch_labels)
-            if keep:
-                logits.append(batch_logits.cpu())
-                labels.append(batch_labels.cpu())
-    c.model.train()
-    expected = c.eval_loader.total_dataset_length
+    for batch in with_progress(loader, c.show_progress, desc="eval" + suffix.replace("_", " ")):
+        out = c.task.step(c.model, batch)
+        batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
+        gathered_samples += len(batch_labels)
+        if keep:
+            logits.append(batch_logits.cpu())
+            labels.append(batch_labels.cpu())
+    expected = loader.total_dataset_length
     if gathered_samples != expected:
         raise RuntimeError(f"evaluation gathered {gathered_samples} predictions for {expected} samples.")
-    metrics: dict[str, float] | None = None
-    if keep:
-        metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(torch.cat(logits), torch.cat(labels)).items()}
-        metrics["eval/num_samples"] = gathered_samples
-    return acc.broadcast_object(metrics)
+    if not keep:
+        return {}
+    metrics = c.task.compute_metrics(torch.cat(logits), torch.cat(labels))
+    return {**metrics, "num_samples": gathered_samples}
 
 
 class StopReason(enum.Enum):

@@ -1,9 +1,9 @@
 """Predictions on a task's unlabeled test split, after training (``task.predict_test=true``).
 
 A task that offers it is a :class:`app.tasks.base.PredictsTest`: ``test_dataset()``,
-``predict(model, batch)`` (logits) and ``write_predictions(predictions, path)``; every process
-predicts its share of the split, the predictions are gathered in file order (padding duplicates
-dropped), and the main process writes.
+``predict(model, batch)`` (its outputs, e.g. logits) and ``write_predictions(outputs, path)``; every
+process predicts its share of the split, the outputs are gathered in file order (padding duplicates
+dropped), and the main process turns them into predictions and writes them.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def write_test_predictions(c: Components, path: Path) -> None:
     c.model.eval()
     with c.evaluation_weights():
         for batch in loader:
-            logits = task.predict(c.model, batch)
-            predictions.append(acc.gather_for_metrics(logits.argmax(dim=-1)).cpu())
+            outputs = task.predict(c.model, batch)
+            predictions.append(acc.gather_for_metrics(outputs.float()).cpu())
     c.model.train()
     if acc.is_main_process:
-        task.write_predictions(torch.cat(predictions).tolist(), path)
+        task.write_predictions(torch.cat(predictions), path)
         log.info("wrote %d test predictions to %s", len(dataset), path)
     acc.wait_for_everyone()

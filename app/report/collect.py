@@ -39,6 +39,11 @@ class JobRow:
     wall_time_s: float | None
     final: dict[str, float] = field(default_factory=dict)
     """The last evaluation's metrics."""
+    task: str | None = None
+    """The job's ``task.name`` (a sweep over ``task=glue_cola,glue_rte,...`` gets one table of tasks)."""
+    at_best: dict[str, float] = field(default_factory=dict)
+    """The metrics of the evaluation where the monitored one was best (what ``checkpoint.export=best``
+    exports)."""
     curve: list[tuple[int, float]] = field(default_factory=list)
     """The monitored metric at each evaluation."""
     losses: list[tuple[int, float]] = field(default_factory=list)
@@ -123,6 +128,9 @@ def read_job(folder: Path) -> JobRow:
         best = pick(v for _, v in finite)
         best_step = next(step for step, v in finite if v == best)
     final = {k: v for k, v in evaluations[-1].items() if k not in ("step", "epoch")} if evaluations else {}
+    at_best = next((e for e in evaluations if best_step is not None and int(e["step"]) == best_step), {})
+    task = config.get("task", {}).get("name") if isinstance(config, dict) and isinstance(config.get("task"), dict) \
+        else None
     steps = result.get("steps")
     if steps is None and events:
         steps = max(int(e["step"]) for e in events if e.get("step") is not None)
@@ -131,6 +139,8 @@ def read_job(folder: Path) -> JobRow:
         status=str(result.get("status", MISSING_RESULT)), monitor=monitor, mode=mode, best=best,
         best_step=best_step, steps=steps, wall_time_s=result.get("wall_time_s"),
         final={k: f for k, v in final.items() if (f := _number(v)) is not None}, curve=curve, losses=losses,
+        task=str(task) if task is not None else None,
+        at_best={k: f for k, v in at_best.items() if k not in ("step", "epoch") and (f := _number(v)) is not None},
     )
 
 
