@@ -24,7 +24,7 @@ import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from omegaconf import MISSING
 
@@ -320,7 +320,12 @@ class PredictsTestConfig(Protocol):
 
 @dataclass
 class RunConfig:
-    task: TaskConfig = MISSING
+    if TYPE_CHECKING:
+        task: TaskConfig = MISSING
+    else:
+        # Any for OmegaConf: our task options name their schema (a TaskConfig) and stay typed; a task
+        # from the user's package (task._target_) composes untyped, and app.tasks.external types it.
+        task: Any = MISSING
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optim: OptimConfig = MISSING

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import sys
 from typing import Any, TextIO
+
+from app.console import in_parallel_job, is_terminal
 
 _GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
 
@@ -62,7 +65,10 @@ def _scalar(value: Any) -> str:
 
 
 def show_config(cfg: Any, stream: TextIO | None = None) -> None:
-    """Print the tree, coloured only when ``stream`` is a terminal. Nothing is written to the run
-    folder here: a config refused later must leave only the log behind."""
+    """Print the tree, coloured only when ``stream`` is a terminal. In a job of a parallel sweep it
+    goes to the job's log instead (the jobs share the terminal)."""
+    if stream is None and in_parallel_job():
+        logging.getLogger("app").info("%s", config_tree(cfg))
+        return
     stream = stream or sys.stdout
-    print(config_tree(cfg, colour=stream.isatty()), file=stream, flush=True)
+    print(config_tree(cfg, colour=is_terminal(stream)), file=stream, flush=True)

@@ -8,16 +8,16 @@ passed its own rules: a refused config answers before torch is imported (``bench
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from app.config import (
     AdamWConfig,
     CheckpointConfig,
+    ConfigError,
     EarlyStoppingConfig,
     HardwareConfig,
     LoggingConfig,
@@ -28,6 +28,8 @@ from app.config import (
     TrainerConfig,
 )
 from app.tasks import TASK_SCHEMAS
+from app.tasks.external import typed_task_config
+from app.worker_processes import available_cores
 
 
 def register_configs() -> None:
@@ -49,10 +51,21 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
 
 
+def to_run_config(dict_cfg: DictConfig) -> RunConfig:
+    """The composed config as dataclasses, once (nothing below the entry point reads a DictConfig); a
+    task from the user's package (``task._target_``) becomes its own schema here."""
+    try:
+        cfg = OmegaConf.to_object(dict_cfg)
+    except Exception as err:  # noqa: BLE001 - OmegaConf reports missing values and bad interpolations
+        raise ConfigError(f"invalid configuration: {err}".splitlines()[0]) from None
+    assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
+    cfg.task = typed_task_config(cfg.task)
+    return cfg
+
+
 def parallel_jobs(processes_per_job: int) -> int:
     """How many jobs of ``processes_per_job`` processes this machine's cores run at once (>= 1)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, int(processes_per_job)))
+    return max(1, available_cores() // max(1, int(processes_per_job)))
 
 
 def register_grid_sweeper(cs: ConfigStore) -> None:

@@ -1,11 +1,14 @@
 """``python -m app --help``: each config group's options, one line each, the group's main keys, and
 the README's examples. Built from ``conf/`` and the schemas, so it cannot go stale; Hydra's own
-listing would also show the schemas stored beside the options (``hardware_schema``...).
+listing would also show the schemas stored beside the options (``hardware_schema``...). Each option
+shows its file's first sentence, or the values it sets as the default run uses them (the default
+task's recipe applied over them); the options Hydra's plugins bring are listed beside ours.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import yaml  # type: ignore[import-untyped]
@@ -22,18 +25,72 @@ USAGE = """usage: python -m app [group=option ...] [key=value ...]
 """
 
 
+PLUGIN_OPTIONS = {
+    "hydra/launcher": {
+        "basic": "Hydra's own: the jobs one after another, in this process.",
+        "joblib": "hydra-joblib-launcher: the jobs at once, one per core (each in its own process).",
+        "submitit_local": "hydra-submitit-launcher: each job as a local submitit job (its output in "
+                          "<sweep>/.submitit/<id>/).",
+    },
+    "hydra/sweeper": {
+        "basic": "Hydra's grid sweeper: every combination of the comma-separated values (with resume=auto, "
+                 "finished jobs are read back, not run again).",
+    },
+}
+"""Options that Hydra and its plugins bring (no file in conf/), each with its first sentence; the
+first of each group is Hydra's default."""
+
+
+def _first_sentence(text: str) -> str:
+    """Up to the first full stop (not ``e.g.``/``i.e.``), or up to an example command (a description
+    that introduces one with ``:`` ends there)."""
+    command = re.search(r":?\s*python -m app\b", text)
+    if command and command.start() > 0 and (command.group().startswith(":") or text[:command.start()].endswith(".")):
+        text = text[:command.start()].rstrip()
+        text = text if text.endswith(".") else text + "."
+    for stop in re.finditer(r"\.(\s|$)", text):
+        if not text[:stop.start() + 1].endswith(("e.g.", "i.e.")):
+            return text[:stop.start() + 1]
+    return text.strip()
+
+
 def _description(path: Path) -> str:
-    """The option file's first comment line, else the values it sets."""
+    """The first sentence of the option file's leading comment, else the values it sets."""
     text = path.read_text(encoding="utf-8")
+    comment: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith("#") and not stripped.startswith("# @package"):
-            return stripped.lstrip("# ").strip()
-        if stripped and not stripped.startswith("#"):
+        if stripped.startswith("# @package"):
+            continue
+        if not stripped.startswith("#"):
             break
-    loaded = yaml.safe_load(text) or {}
+        comment.append(stripped.lstrip("#").strip())
+    if comment:
+        return _first_sentence(" ".join(comment))
+    return ""
+
+
+def _values(path: Path, recipe: dict[str, object], task: str | None) -> str:
+    """What the option sets, as the default run would use it: a task recipe (the default task's own
+    lr, epochs..., applied after every group) wins over the option's value and is marked."""
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     values = {k: v for k, v in loaded.items() if k != "defaults" and not isinstance(v, dict)}
-    return ", ".join(f"{k}: {_scalar(v)}" for k, v in values.items())
+    shown = []
+    for key, value in values.items():
+        if key in recipe and recipe[key] != value:
+            shown.append(f"{key}: {_scalar(recipe[key])} (the {task} task's; the option alone: {_scalar(value)})")
+        else:
+            shown.append(f"{key}: {_scalar(value)}")
+    return ", ".join(shown)
+
+
+def _task_recipe(conf_dir: Path, task: str | None) -> dict[str, dict[str, object]]:
+    """The values the default task's option file sets in other groups (``optim: lr: 3e-3``...)."""
+    path = conf_dir / "task" / f"{task}.yaml"
+    if task is None or not path.exists():
+        return {}
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {group: values for group, values in loaded.items() if group != "task" and isinstance(values, dict)}
 
 
 def _defaults(conf_dir: Path) -> dict[str, str | None]:
@@ -48,7 +105,8 @@ def _defaults(conf_dir: Path) -> dict[str, str | None]:
 
 def _keys(group: str, options: list[Path]) -> list[str]:
     """The schema's fields; for groups whose schema depends on the option (task, optim), the keys
-    their option files set."""
+    their option files set, or, for an option that sets none (its values are its schema's defaults),
+    its schema's fields."""
     field = {f.name: f for f in dataclasses.fields(RunConfig)}.get(group)
     factory = getattr(field, "default_factory", None) if field is not None else None
     if factory is not None and factory is not dataclasses.MISSING:
@@ -57,10 +115,28 @@ def _keys(group: str, options: list[Path]) -> list[str]:
         return []
     keys: dict[str, None] = {}
     for option in options:
-        loaded = yaml.safe_load(option.read_text(encoding="utf-8")) or {}
-        own = loaded.get(group, loaded) if isinstance(loaded.get(group), dict) else loaded
+        text = option.read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) or {}
+        if isinstance(loaded.get(group), dict):
+            own = loaded[group]
+        elif text.startswith("# @package _global_"):  # it sets other groups' keys only
+            own = _schema_fields(group, loaded.get("defaults") or [])
+        else:
+            own = loaded
         keys.update((k, None) for k in own if k not in ("defaults", "name", "_target_"))
     return list(keys)
+
+
+def _schema_fields(group: str, defaults: list[object]) -> list[str]:
+    """The fields of the schema an option file names first (``/task/<name>_schema@task``), from Hydra's
+    ConfigStore (filled by ``app.configure.register_configs``)."""
+    from hydra.core.config_store import ConfigStore
+
+    for entry in defaults:
+        if isinstance(entry, str) and entry.endswith(f"_schema@{group}"):
+            node = ConfigStore.instance().load(f"{entry.lstrip('/').split('@')[0]}.yaml").node
+            return [str(k) for k in node]
+    return []
 
 
 def _examples(readme: Path) -> list[str]:
@@ -86,16 +162,20 @@ def _examples(readme: Path) -> list[str]:
 
 def app_help(conf_dir: Path) -> str:
     defaults = _defaults(conf_dir)
+    recipe = _task_recipe(conf_dir, defaults.get("task"))
     out = [USAGE, "Config groups (group=option); the default is marked *:"]
-    group_dirs = sorted({p.parent for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir})
-    for group_dir in group_dirs:
-        group = group_dir.relative_to(conf_dir).as_posix()  # e.g. hydra/launcher
-        chosen = defaults.get(group)
-        out.append(f"\n  {group}" + ("" if group in defaults and chosen is not None else "  (none by default)"))
-        options = sorted(group_dir.glob("*.yaml"))
+    group_dirs = {p.parent.relative_to(conf_dir).as_posix() for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir}
+    for group in sorted(group_dirs | set(PLUGIN_OPTIONS)):
+        plugins = PLUGIN_OPTIONS.get(group, {})
+        chosen = defaults.get(group) or next(iter(plugins), None)
+        out.append(f"\n  {group}" + ("" if chosen is not None else "  (none by default)"))
+        options = sorted((conf_dir / group).glob("*.yaml"))
+        lines = {name: text for name, text in plugins.items()}
         for option in options:
-            mark = "*" if option.stem == chosen else " "
-            out.append(f"   {mark} {option.stem:<16} {_description(option)}".rstrip())
+            lines[option.stem] = _description(option) or _values(option, recipe.get(group, {}), defaults.get("task"))
+        for name in sorted(lines):
+            mark = "*" if name == chosen else " "
+            out.append(f"   {mark} {name:<16} {lines[name]}".rstrip())
         keys = _keys(group, options)
         if keys:
             out.append(f"     keys: {', '.join(f'{group}.{k}' for k in keys)}")

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from app.console import write_raw
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -88,7 +90,7 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _exit_at_once(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT:
-        os.write(2, b"\nsecond interrupt: exiting now\n")
+        write_raw(2, "\nsecond interrupt: exiting now\n")
         os._exit(128 + signum)
 
 
@@ -139,15 +141,15 @@ class StopSignals:
         if self.signum is not None:
             if signum == signal.SIGINT:
                 # A second Ctrl-C: the user does not want to wait for the checkpoint.
-                os.write(2, b"\nsecond interrupt: exiting now, without a checkpoint\n")
+                write_raw(2, "\nsecond interrupt: exiting now, without a checkpoint\n")
                 os._exit(128 + signum)
             return
         self.signum = signum
         if self.forward and self.stop_file is not None:
             self.stop_file.write_text(str(signum))
         if self.announce:
-            os.write(2, f"\n{signal_name(signum)}: stopping after the current step and saving a checkpoint "
-                        "(Ctrl-C again to exit at once)\n".encode())
+            write_raw(2, f"\n{signal_name(signum)}: stopping after the current step and saving a checkpoint "
+                         "(Ctrl-C again to exit at once)\n")
 
     @property
     def received(self) -> int | None:

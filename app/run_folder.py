@@ -32,9 +32,9 @@ from pathlib import Path
 
 from app.config import ConfigError
 from app.launching.overrides import override_key
+from app.run_layout import HYDRA_DIR, LOCK_FILE, checkpoints_dir, metrics_file, model_dir
 
-LOCK_FILE = ".lock"
-HYDRA_SUBDIR = ".hydra"
+HYDRA_SUBDIR = HYDRA_DIR
 
 
 class RunFolderError(ConfigError):
@@ -114,12 +114,12 @@ CLAIMS = Claims()
 
 def holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` has results of an earlier run that a new run would mix with or destroy."""
-    checkpoints = folder / "checkpoints"
+    checkpoints = checkpoints_dir(folder)
     try:
         has_checkpoint = checkpoints.is_dir() and any(e.name.startswith("checkpoint_") for e in checkpoints.iterdir())
     except OSError:
         has_checkpoint = False
-    return has_checkpoint or (folder / "model").exists() or (folder / "metrics.jsonl").exists()
+    return has_checkpoint or model_dir(folder).exists() or metrics_file(folder).exists()
 
 
 def make_writable(folder: Path) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import time
 from typing import Any
@@ -305,8 +304,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from app.launching.processes import run_on_processes
+    from app.worker_processes import available_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     print(f"{cores} cores, torch {torch.__version__}, 2 processes on gloo")
 
     times = run_on_processes(overhead_worker, (args.rounds, args.epochs, args.batch_size), nprocs=2)[0]

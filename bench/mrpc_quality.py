@@ -74,10 +74,10 @@ def check_inputs(data_dir: Path, model: str) -> None:
 def validation_size(data_dir: Path) -> int | None:
     """Rows in the validation split, read the way the task reads them (None if that fails)."""
     try:
-        from app.tasks.glue.sources import load_local_splits
-        from app.tasks.glue_mrpc_config import MRPC
+        from app.tasks.text.glue import GLUE_SPECS, GlueName
+        from app.tasks.text.sources import load_glue_folder
 
-        return load_local_splits(str(data_dir), MRPC)["validation"].data.num_rows
+        return load_glue_folder(str(data_dir), GLUE_SPECS[GlueName.mrpc])["validation"].data.num_rows
     except Exception:  # noqa: BLE001 - only informative: never fail the benchmark over it
         return None
 

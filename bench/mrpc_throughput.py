@@ -111,7 +111,7 @@ def plain_eval_batches(tokenizer: Any, tokenized: str) -> Any:
     import datasets
     import torch
 
-    from app.tasks.glue.batches import PaddingCollator
+    from app.tasks.text.batches import PaddingCollator
 
     pad = PaddingCollator(tokenizer)
     orders = [torch.utils.data.DataLoader(datasets.load_from_disk(str(Path(tokenized) / name)), batch_size=EVAL_BATCH,
@@ -147,8 +147,8 @@ def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> 
     from transformers import AutoModel, AutoTokenizer
 
     from app.distributed import LengthGroupedSampler
-    from app.tasks.glue.batches import PaddingCollator
     from app.tasks.mean_pooling import MeanPoolingForSequenceClassification
+    from app.tasks.text.batches import PaddingCollator
 
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

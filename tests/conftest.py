@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from app.config import RunConfig
-from app.configure import register_configs
+from app.configure import register_configs, to_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -27,10 +26,10 @@ def compose_config(*overrides: str) -> RunConfig:
 
 
 def compose_many(override_lists: list[list[str]]) -> list[RunConfig]:
-    """Compose several configs under one Hydra initialisation (much faster than one each)."""
+    """Compose several configs under one Hydra initialisation (much faster than one each), turned into
+    dataclasses as ``python -m app`` does (a task from a user's package into its own schema)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return [OmegaConf.to_object(compose(config_name="config", overrides=o))  # type: ignore[misc]
-                for o in override_lists]
+        return [to_run_config(compose(config_name="config", overrides=o)) for o in override_lists]
 
 
 def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
@@ -48,3 +47,12 @@ def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | N
 @pytest.fixture
 def compose_cfg():
     return compose_config
+
+
+@pytest.fixture(scope="session")
+def text_model(tmp_path_factory) -> Path:
+    """A tiny BERT whose vocabulary covers tests/text_data.py's generated texts."""
+    from tests.text_data import vocabulary_text
+    from tests.tiny_bert import make_tiny_bert
+
+    return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())

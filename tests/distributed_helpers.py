@@ -2,7 +2,7 @@
 
 Worker functions must be module-level (the processes are spawned and import them by name) and
 return picklable values; ``on_processes`` returns them in rank order. An exception on any rank fails
-the call with :class:`app.launching.worker_errors.WorkerFailed` naming the rank and the error.
+the call with :class:`app.worker_processes.WorkerFailed` naming the rank and the error.
 """
 
 from __future__ import annotations

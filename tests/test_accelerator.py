@@ -133,7 +133,8 @@ def test_bf16_autocast_on_cpu_trains_and_returns_fp32():
 
 
 def test_fp16_on_cpu_is_refused_with_one_sentence():
-    with pytest.raises(ValueError, match="fp16 mixed precision needs a CUDA device"):
+    with pytest.raises(ValueError, match=r"^precision=fp16 needs a CUDA GPU \(loss scaling on CPU is not supported\); "
+                                         r"use bf16 or no\.$"):
         Accelerator(cpu=True, mixed_precision="fp16")
 
 

@@ -82,6 +82,7 @@ def api_worker(tmp: str) -> dict[str, Any]:
 
     out["broadcast0"] = acc.broadcast(torch.tensor([rank * 5.0])).tolist()
     out["broadcast1"] = acc.broadcast({"t": torch.tensor([rank + 100])}, from_process=1)["t"].tolist()
+    out["broadcast_object1"] = acc.broadcast_object({"rank": rank}, from_process=1)
 
     # main_process_first: the main process finishes its block before any other starts its own.
     log = Path(tmp) / "order.txt"
@@ -110,7 +111,7 @@ def api_worker(tmp: str) -> dict[str, Any]:
 
     # The loop's per-step stop flag (asynchronous, read one step late): raised on rank 0 only at step 2,
     # every rank learns it at step 3; a flag never raised never reads True.
-    flag = acc.backend.step_flag()
+    flag = acc.step_flag()
     out["flag_steps"] = [step for step in range(6) if flag.post(rank == 0 and step == 2)]
     flag.close()
 
@@ -212,6 +213,7 @@ def test_broadcast_and_process_control(results: dict[str, Any]) -> None:
     r0, r1 = results["r0"], results["r1"]
     assert r0["broadcast0"] == r1["broadcast0"] == [0.0]
     assert r0["broadcast1"] == r1["broadcast1"] == [101]
+    assert r0["broadcast_object1"] == r1["broadcast_object1"] == {"rank": 1}
     assert results["order"] == [["0", "start"], ["0", "end"], ["1", "start"], ["1", "end"]]
     assert (r0["on_main"], r1["on_main"]) == ("main", None)
     assert (r0["on_local_main"], r1["on_local_main"]) == ("local main", None)

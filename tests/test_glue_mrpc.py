@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import datasets
@@ -14,30 +13,23 @@ import torch
 
 from app.config import ConfigError
 from app.tasks import build_task
-from app.tasks.glue.config import Pooling
-from app.tasks.glue.sources import load_local_splits
-from app.tasks.glue.tokenization import IGNORE_INDEX
-from app.tasks.glue.tsv import read_glue_tsv
-from app.tasks.glue_mrpc import GlueMrpcTask
-from app.tasks.glue_mrpc_config import MRPC, GlueMrpcConfig
-from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs, write_glue_tsv
+from app.tasks.text.config import Pooling, TextClassificationConfig
+from app.tasks.text.glue import GLUE_SPECS, GlueName
+from app.tasks.text.sources import load_glue_folder
+from app.tasks.text.task import TextClassificationTask
+from app.tasks.text.tokenization import IGNORE_INDEX
+from app.tasks.text.tsv import read_glue_tsv
+from tests.tiny_bert import (
+    FakeRuntime,
+    make_tiny_bert,
+    make_tiny_glue_tsv,
+    mrpc_config,
+    synthetic_pairs,
+    write_glue_tsv,
+)
 
 REAL_DATA = Path(__file__).resolve().parents[2] / "shared/data/glue_mrpc"
-
-
-class FakeRuntime:
-    """Stand-in for the Accelerator on one process (the task sees it as a TaskRuntime)."""
-
-    is_main_process = True
-    static_shapes = False
-
-    def __init__(self) -> None:
-        self.entered = 0
-
-    @contextmanager
-    def main_process_first(self):
-        self.entered += 1
-        yield
+MRPC = GLUE_SPECS[GlueName.mrpc]
 
 
 def one_sentence(message: str) -> bool:
@@ -76,9 +68,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def make_cfg(tiny_data, tiny_model, tmp_path):
-    def make(**overrides) -> GlueMrpcConfig:
+    def make(**overrides) -> TextClassificationConfig:
         values = {"model": str(tiny_model), "data_dir": str(tiny_data), "cache_dir": str(tmp_path / "cache")}
-        return GlueMrpcConfig(**{**values, **overrides})
+        return mrpc_config(**{**values, **overrides})
 
     return make
 
@@ -91,8 +83,8 @@ def lengths(ds) -> list[int]:
 
 
 def test_build_task_is_lazy():
-    task = build_task(GlueMrpcConfig())  # the default hub model: nothing may be fetched yet
-    assert isinstance(task, GlueMrpcTask)
+    task = build_task(mrpc_config())  # the default hub model: nothing may be fetched yet
+    assert isinstance(task, TextClassificationTask)
     assert task._tokenizer is None
 
 
@@ -105,7 +97,7 @@ def test_app_tasks_does_not_import_transformers():
 
 
 def test_tsv_loading_keeps_unquoted_double_quotes(tiny_data):
-    splits = load_local_splits(str(tiny_data), MRPC)
+    splits = load_glue_folder(str(tiny_data), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
     train = splits["train"].data
     expected = synthetic_pairs(48, seed=1)
@@ -119,7 +111,7 @@ def test_tsv_loading_keeps_unquoted_double_quotes(tiny_data):
 
 def test_dev_tsv_is_the_validation_split(tmp_path):
     make_tiny_glue_tsv(tmp_path, n_train=4, n_val=3, validation_name="dev.tsv")
-    splits = load_local_splits(str(tmp_path), MRPC)
+    splits = load_glue_folder(str(tmp_path), MRPC)
     assert len(splits["validation"].data) == 3 and "test" not in splits
 
 
@@ -138,7 +130,7 @@ def test_parquet_layouts(tiny_data, tmp_path, pattern):
         target = tmp_path / pattern.format(split=split)
         target.parent.mkdir(parents=True, exist_ok=True)
         read_glue_tsv(tiny_data / f"{split}.tsv", MRPC).to_parquet(str(target))
-    splits = load_local_splits(str(tmp_path), MRPC)
+    splits = load_glue_folder(str(tmp_path), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {"train": 48, "validation": 16, "test": 8}
     assert splits["train"].data["sentence1"] == read_glue_tsv(tiny_data / "train.tsv", MRPC)["sentence1"]
 
@@ -146,12 +138,12 @@ def test_parquet_layouts(tiny_data, tmp_path, pattern):
 def test_save_to_disk_layout(tiny_data, tmp_path):
     splits = {s: read_glue_tsv(tiny_data / f"{s}.tsv", MRPC) for s in ("train", "validation")}
     datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
-    loaded = load_local_splits(str(tmp_path / "saved"), MRPC)
+    loaded = load_glue_folder(str(tmp_path / "saved"), MRPC)
     assert len(loaded["train"].data) == 48 and len(loaded["validation"].data) == 16
 
 
 def test_hub_unreachable_is_one_sentence(make_cfg):
-    task = GlueMrpcTask(make_cfg(data_dir=None))
+    task = TextClassificationTask(make_cfg(data_dir=None))
     with pytest.raises(ConfigError) as info:
         task.build_data(FakeRuntime())
     message = str(info.value)
@@ -170,26 +162,26 @@ def test_hub_probe_fails_fast_without_offline_env(make_cfg, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     start = time.monotonic()
     with pytest.raises(ConfigError, match="task.data_dir="):
-        GlueMrpcTask(make_cfg(data_dir=None)).build_data(FakeRuntime())
+        TextClassificationTask(make_cfg(data_dir=None)).build_data(FakeRuntime())
     assert time.monotonic() - start < 15
     assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # offline mode was only for the block
 
 
 def test_missing_data_dir(make_cfg, tmp_path):
     with pytest.raises(ConfigError) as info:
-        GlueMrpcTask(make_cfg(data_dir=str(tmp_path / "nope"))).build_data(FakeRuntime())
+        TextClassificationTask(make_cfg(data_dir=str(tmp_path / "nope"))).build_data(FakeRuntime())
     assert one_sentence(str(info.value)) and "task.data_dir=" in str(info.value)
 
 
 def test_data_dir_without_splits(make_cfg, tmp_path):
     write_glue_tsv(tmp_path / "train.tsv", synthetic_pairs(3))  # no validation.tsv / dev.tsv
     with pytest.raises(ConfigError) as info:
-        GlueMrpcTask(make_cfg(data_dir=str(tmp_path))).build_data(FakeRuntime())
+        TextClassificationTask(make_cfg(data_dir=str(tmp_path))).build_data(FakeRuntime())
     assert one_sentence(str(info.value)) and "validation" in str(info.value)
 
 
 def test_missing_model_and_tokenizer(make_cfg, tmp_path):
-    task = GlueMrpcTask(make_cfg(model=str(tmp_path / "no_model")))
+    task = TextClassificationTask(make_cfg(model=str(tmp_path / "no_model")))
     with pytest.raises(ConfigError) as info:
         task.build_model()
     assert one_sentence(str(info.value)) and "task.model" in str(info.value)
@@ -199,7 +191,7 @@ def test_missing_model_and_tokenizer(make_cfg, tmp_path):
 
 def test_unreachable_hub_model(make_cfg):
     with pytest.raises(ConfigError, match="task.model"):
-        GlueMrpcTask(make_cfg(model="bert-base-cased")).build_model()
+        TextClassificationTask(make_cfg(model="bert-base-cased")).build_model()
 
 
 # -- tokenization and batches --------------------------------------------------------------------------
@@ -207,7 +199,7 @@ def test_unreachable_hub_model(make_cfg):
 
 def test_truncates_at_max_length(make_cfg):
     runtime = FakeRuntime()
-    data = GlueMrpcTask(make_cfg(max_length=32)).build_data(runtime)
+    data = TextClassificationTask(make_cfg(max_length=32)).build_data(runtime)
     assert runtime.entered == 1
     assert max(lengths(data.train)) == 32 and min(lengths(data.train)) < 32
     assert data.train_lengths == lengths(data.train)  # what trainer.group_by_length groups by
@@ -216,7 +208,7 @@ def test_truncates_at_max_length(make_cfg):
 
 
 def test_dynamic_padding_pads_to_longest_in_batch(make_cfg):
-    data = GlueMrpcTask(make_cfg(max_length=128)).build_data(FakeRuntime())
+    data = TextClassificationTask(make_cfg(max_length=128)).build_data(FakeRuntime())
     rows = [data.train[i] for i in range(8)]
     batch = data.collate_fn(rows)
     longest = max(len(r["input_ids"]) for r in rows)
@@ -235,9 +227,9 @@ def test_collator_gives_what_transformers_collator_gives(make_cfg, side, fixed_l
     the fast path does not know goes through the reference itself."""
     from transformers import DataCollatorWithPadding
 
-    from app.tasks.glue.batches import PaddingCollator, split_swapped
+    from app.tasks.text.batches import PaddingCollator, split_swapped
 
-    task = GlueMrpcTask(make_cfg(max_length=64, symmetric_eval=True))
+    task = TextClassificationTask(make_cfg(max_length=64, symmetric_eval=True))
     data = task.build_data(FakeRuntime())
     task.tokenizer.padding_side = side
     padding = {"padding": "longest"} if fixed_length is None else {"padding": "max_length", "max_length": fixed_length}
@@ -259,8 +251,8 @@ def test_collator_gives_what_transformers_collator_gives(make_cfg, side, fixed_l
 
 
 def test_swap_pairs_adds_every_training_pair_in_the_other_order(make_cfg):
-    plain = GlueMrpcTask(make_cfg(max_length=128)).build_data(FakeRuntime())
-    task = GlueMrpcTask(make_cfg(max_length=128, swap_pairs=True))
+    plain = TextClassificationTask(make_cfg(max_length=128)).build_data(FakeRuntime())
+    task = TextClassificationTask(make_cfg(max_length=128, swap_pairs=True))
     data = task.build_data(FakeRuntime())
     n = len(plain.train)
     assert len(data.train) == 2 * n and len(data.train_lengths) == 2 * n
@@ -278,14 +270,14 @@ def test_swap_pairs_adds_every_training_pair_in_the_other_order(make_cfg):
 
 
 def test_pad_to_max_length_gives_fixed_shapes(make_cfg):
-    data = GlueMrpcTask(make_cfg(max_length=48, pad_to_max_length=True)).build_data(FakeRuntime())
+    data = TextClassificationTask(make_cfg(max_length=48, pad_to_max_length=True)).build_data(FakeRuntime())
     assert set(lengths(data.train)) == {48}
     assert data.collate_fn([data.eval[i] for i in range(3)])["input_ids"].shape == (3, 48)
 
 
 def test_cache_is_keyed_on_max_length_and_tokenizer(make_cfg, tiny_data, tmp_path):
     def train_split(**overrides):
-        return GlueMrpcTask(make_cfg(**overrides)).build_data(FakeRuntime()).train
+        return TextClassificationTask(make_cfg(**overrides)).build_data(FakeRuntime()).train
 
     def cache_file(ds) -> Path:
         (entry,) = ds.cache_files
@@ -314,7 +306,7 @@ def test_cache_is_keyed_on_max_length_and_tokenizer(make_cfg, tiny_data, tmp_pat
 
 
 def test_training_step_and_metrics(make_cfg):
-    task = GlueMrpcTask(make_cfg(max_length=32))
+    task = TextClassificationTask(make_cfg(max_length=32))
     data = task.build_data(FakeRuntime())
     model = task.build_model()
     loader = torch.utils.data.DataLoader(data.train, batch_size=8, collate_fn=data.collate_fn)
@@ -341,8 +333,8 @@ def test_training_step_and_metrics(make_cfg):
 
 
 def test_label_smoothing_changes_the_training_loss_only(make_cfg):
-    plain_task = GlueMrpcTask(make_cfg(max_length=32))
-    smooth_task = GlueMrpcTask(make_cfg(max_length=32, label_smoothing=0.2))
+    plain_task = TextClassificationTask(make_cfg(max_length=32))
+    smooth_task = TextClassificationTask(make_cfg(max_length=32, label_smoothing=0.2))
     data = plain_task.build_data(FakeRuntime())
     batch = next(iter(torch.utils.data.DataLoader(data.train, batch_size=8, collate_fn=data.collate_fn)))
     model = plain_task.build_model()
@@ -364,11 +356,11 @@ def test_label_smoothing_changes_the_training_loss_only(make_cfg):
     assert smooth.loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert smooth.loss.item() != pytest.approx(plain.loss.item())
     with pytest.raises(ConfigError, match="task.label_smoothing must be in"):
-        GlueMrpcTask(make_cfg(label_smoothing=1.0))
+        TextClassificationTask(make_cfg(label_smoothing=1.0))
 
 
 def test_binary_f1_is_positive_class():
-    task = GlueMrpcTask(GlueMrpcConfig())
+    task = TextClassificationTask(mrpc_config())
     logits = torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
     metrics = task.compute_metrics(logits, torch.tensor([1, 0, 0, 1]))
     assert metrics["accuracy"] == 0.5 and metrics["f1"] == pytest.approx(0.5)
@@ -379,7 +371,7 @@ def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded, pooling):
     from safetensors.torch import save_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    task = GlueMrpcTask(make_cfg(max_length=32, pooling=Pooling(pooling)))
+    task = TextClassificationTask(make_cfg(max_length=32, pooling=Pooling(pooling)))
     data = task.build_data(FakeRuntime())
     model = task.build_model().eval()
     export = tmp_path / "export"
@@ -405,13 +397,13 @@ def test_save_artifacts_round_trip(make_cfg, tmp_path, sharded, pooling):
         with pytest.raises(ValueError, match="trust_remote_code"):
             AutoModelForSequenceClassification.from_pretrained(export)
         # Fine-tuning an export again (task.model=<export>) keeps its head, whatever task.pooling says.
-        again = GlueMrpcTask(make_cfg(model=str(export), pooling=Pooling.cls)).build_model().eval()
+        again = TextClassificationTask(make_cfg(model=str(export), pooling=Pooling.cls)).build_model().eval()
         with torch.no_grad():
             torch.testing.assert_close(again(**batch).logits, model(**batch).logits)
 
 
 def test_mean_pooling_ignores_padding_and_trains_every_parameter(make_cfg):
-    task = GlueMrpcTask(make_cfg(max_length=32, pooling=Pooling.mean))
+    task = TextClassificationTask(make_cfg(max_length=32, pooling=Pooling.mean))
     data = task.build_data(FakeRuntime())
     model = task.build_model().eval()
     rows = [data.eval[i] for i in range(6)]
@@ -428,14 +420,14 @@ def test_mean_pooling_ignores_padding_and_trains_every_parameter(make_cfg):
 
 
 def test_symmetric_eval_averages_both_orders_of_each_pair(make_cfg):
-    task = GlueMrpcTask(make_cfg(max_length=32, symmetric_eval=True))
+    task = TextClassificationTask(make_cfg(max_length=32, symmetric_eval=True))
     data = task.build_data(FakeRuntime())
     assert "swapped_input_ids" in data.eval.column_names
     assert "swapped_input_ids" not in data.train.column_names  # training sees the pairs as given
     model = task.build_model().eval()
     rows = [data.eval[i] for i in range(5)]
     batch = data.collate_fn(rows)
-    raw = load_local_splits(task.cfg.data_dir, MRPC)["validation"].data
+    raw = load_glue_folder(task.cfg.data_dir, MRPC)["validation"].data
     first, second = raw["sentence1"][:5], raw["sentence2"][:5]
     ab = task.tokenizer(first, second, padding=True, truncation=True, max_length=32, return_tensors="pt")
     ba = task.tokenizer(second, first, padding=True, truncation=True, max_length=32, return_tensors="pt")
@@ -458,17 +450,23 @@ def test_symmetric_eval_averages_both_orders_of_each_pair(make_cfg):
 # -- test split ----------------------------------------------------------------------------------------
 
 
+def one_hot(classes: list[int]) -> torch.Tensor:
+    """Logits that predict ``classes``."""
+    return torch.nn.functional.one_hot(torch.tensor(classes), 2).float()
+
+
 def test_test_split_and_predictions(make_cfg, tmp_path):
-    task = GlueMrpcTask(make_cfg(max_length=32, predict_test=True))
+    task = TextClassificationTask(make_cfg(max_length=32, predict_test=True))
     task.build_data(FakeRuntime())
     test = task.test_dataset()
-    assert len(test) == 8 and test["labels"] == [label for label, _, _ in synthetic_pairs(8, seed=3)]
+    # Its labels (the synthetic test file has some) are not read: predictions need none.
+    assert len(test) == 8 and test["labels"] == [IGNORE_INDEX] * 8
     out = tmp_path / "test_predictions.tsv"
-    task.write_predictions([1, 0, 1, 1, 0, 0, 1, 0], out)
+    task.write_predictions(one_hot([1, 0, 1, 1, 0, 0, 1, 0]), out)
     lines = out.read_text().splitlines()
     assert lines[0] == "index\tprediction" and lines[1:3] == ["0\t1", "1\t0"] and len(lines) == 9
     with pytest.raises(ValueError):
-        task.write_predictions([1], out)
+        task.write_predictions(one_hot([1]), out)
 
 
 def test_unlabeled_test_split_predicts(make_cfg, tiny_data, tmp_path):
@@ -479,13 +477,13 @@ def test_unlabeled_test_split_predicts(make_cfg, tiny_data, tmp_path):
     (folder / "test.tsv").write_text(
         'index\t#1 ID\t#2 ID\t#1 String\t#2 String\n7\t1\t2\tHe said "yes.\tShe said no.\n'
     )
-    task = GlueMrpcTask(make_cfg(max_length=32, predict_test=True, data_dir=str(folder)))
+    task = TextClassificationTask(make_cfg(max_length=32, predict_test=True, data_dir=str(folder)))
     data = task.build_data(FakeRuntime())
     test = task.test_dataset()
     assert test["labels"] == [IGNORE_INDEX]
     logits = task.predict(task.build_model(), data.collate_fn([test[0]]))
     assert logits.shape == (1, 2)
-    task.write_predictions(logits.argmax(-1).tolist(), tmp_path / "p.tsv")
+    task.write_predictions(logits, tmp_path / "p.tsv")
     assert (tmp_path / "p.tsv").read_text().splitlines()[1].startswith("7\t")
 
 
@@ -525,7 +523,7 @@ def test_a_run_writes_test_predictions_of_its_evaluated_weights(tiny_data, tiny_
 def test_predict_test_without_test_split(make_cfg, tmp_path):
     make_tiny_glue_tsv(tmp_path / "d", n_train=4, n_val=4)
     with pytest.raises(ConfigError, match="test split"):
-        GlueMrpcTask(make_cfg(data_dir=str(tmp_path / "d"), predict_test=True)).build_data(FakeRuntime())
+        TextClassificationTask(make_cfg(data_dir=str(tmp_path / "d"), predict_test=True)).build_data(FakeRuntime())
 
 
 # -- the real data -------------------------------------------------------------------------------------
@@ -533,7 +531,7 @@ def test_predict_test_without_test_split(make_cfg, tmp_path):
 
 @pytest.mark.skipif(not REAL_DATA.is_dir(), reason=f"real GLUE MRPC files not found at {REAL_DATA}")
 def test_real_mrpc_files():
-    splits = load_local_splits(str(REAL_DATA), MRPC)
+    splits = load_glue_folder(str(REAL_DATA), MRPC)
     assert {name: len(s.data) for name, s in splits.items()} == {
         "train": 3668,
         "validation": 408,
@@ -552,8 +550,8 @@ def test_a_mean_pooled_sentence_transformers_model_gets_a_hint(make_cfg, tiny_mo
     folder = shutil.copytree(tiny_model, tmp_path / "st_model")
     (folder / "1_Pooling").mkdir()
     (folder / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
-    with caplog.at_level("INFO", logger="app.tasks.glue.models"):
-        GlueMrpcTask(make_cfg(model=str(tiny_model))).build_model()
+    with caplog.at_level("INFO", logger="app.tasks.text.models"):
+        TextClassificationTask(make_cfg(model=str(tiny_model))).build_model()
         assert "task.pooling=mean" not in caplog.text
-        GlueMrpcTask(make_cfg(model=str(folder))).build_model()
+        TextClassificationTask(make_cfg(model=str(folder))).build_model()
     assert "task.pooling=mean" in caplog.text

@@ -1,5 +1,6 @@
-"""GLUE SST-2, the task that is only a spec (app/tasks/glue_sst2.py): single sentences through the
-shared GLUE loaders, TSV parser, tokenization cache and GlueTask, end to end on 1 and 2 processes."""
+"""GLUE SST-2, a preset of text_classification (its spec in app/tasks/text/glue.py): single sentences
+through the GLUE loaders, TSV parser, tokenization cache and TextClassificationTask, end to end on 1 and
+2 processes."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from app.config import ConfigError
-from app.tasks.glue.sources import load_local_splits
-from app.tasks.glue.tsv import read_glue_tsv
-from app.tasks.glue_sst2 import SST2, GlueSst2Config
+from app.tasks.text.config import TextClassificationConfig
+from app.tasks.text.glue import GLUE_SPECS, GlueName
+from app.tasks.text.sources import load_glue_folder
+from app.tasks.text.tsv import read_glue_tsv
 from tests.conftest import compose_config, run_app
 from tests.tiny_bert import make_tiny_bert, synthetic_pairs
+
+SST2 = GLUE_SPECS[GlueName.sst2]
 
 
 def sst2_rows(n: int, seed: int) -> list[tuple[int, str]]:
@@ -33,13 +37,14 @@ def make_sst2_tsv(folder: Path, n_train: int, n_val: int, n_test: int) -> Path:
 
 def test_glue_sst2_composes_with_its_schema_and_recipe():
     cfg = compose_config("task=glue_sst2")
-    assert isinstance(cfg.task, GlueSst2Config) and cfg.task.name == "glue_sst2" and cfg.task.spec is SST2
+    assert isinstance(cfg.task, TextClassificationConfig) and cfg.task.name == "glue_sst2"
+    assert cfg.task.glue is GlueName.sst2 and cfg.task.text_fields == ["sentence"]
     assert cfg.early_stopping.monitor == "eval/accuracy" and cfg.trainer.batch_size == 32
 
 
 def test_sst2_tsv_files_load_as_single_sentences_with_the_hubs_columns(tmp_path):
     make_sst2_tsv(tmp_path / "SST-2", n_train=6, n_val=3, n_test=2)  # GLUE's own folder name, found by the spec
-    splits = load_local_splits(str(tmp_path), SST2)
+    splits = load_glue_folder(str(tmp_path), SST2)
     train, test = splits["train"].data, splits["test"].data
     assert {name: len(s.data) for name, s in splits.items()} == {"train": 6, "validation": 3, "test": 2}
     assert train.column_names == ["sentence", "label", "idx"]

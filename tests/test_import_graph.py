@@ -1,10 +1,13 @@
 """The shape of ``app/``, read from its source with ``ast`` (nothing is imported):
 
-- no import cycle between its modules;
+- no import cycle between its modules, and no module imports one of a layer above its own (LAYERS:
+  config → distributed, tasks → engine → launching → ``__main__``);
 - no module of ``app/engine`` imports ``torch.distributed``, ``torch_xla`` or a CUDA-specific API: the
   engine is the code that runs inside a worker, whatever the hardware (the device names themselves are
   kept out by ``test_engine.py``);
-- no private attribute of an ``Accelerator`` is read outside ``app/distributed/accelerator.py``.
+- no private attribute of an ``Accelerator`` is read outside ``app/distributed/accelerator.py``;
+- ``app/engine`` talks to the runtime through the Accelerator and its prepared loaders only: it reads
+  no ``.backend`` (nor what hangs off one) and no loader internals such as ``.batch_sampler``.
 
 The import graph: one node per module, a package being its ``__init__``. Every ``import`` counts,
 function-local ones too (they still tie the two modules together), except those under
@@ -20,6 +23,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app"
+
+# The layers of app/, lowest first: a module imports modules of its own layer and of those below, never
+# of one above (what a lower layer needs from a higher one is a callable passed in). A module belongs
+# to the longest name listed that is itself or a package above it; every module must belong to one.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("app", "app.config", "app.config_tree", "app.console", "app.run_layout", "app.interrupts",
+                    "app.worker_processes")),
+    ("runtime and tasks", ("app.distributed", "app.tasks")),
+    ("engine", ("app.engine",)),
+    ("launching", ("app.launching", "app.configure", "app.run_folder", "app.report", "app.sweeps", "app.help",
+                   "app.hydra_errors", "app.refusal")),
+    ("entry point", ("app.__main__",)),
+)
 
 # What a module of app/engine must not import: the collective library, XLA, CUDA's own API.
 ENGINE_FORBIDDEN = ("torch.distributed", "torch_xla", "torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
@@ -169,6 +185,38 @@ def test_no_import_cycle_in_app():
     assert not cycles, "import cycle(s) in app/:\n" + "\n".join(cycles)
 
 
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the module's layer (None: in no layer)."""
+    best: tuple[int, int] | None = None  # (length of the name that matched, layer)
+    for index, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
+                best = (len(name), index)
+    return best[1] if best is not None else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module whose layer is above the importer's."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            low, high = layer_of(module), layer_of(dep)
+            if low is not None and high is not None and high > low:
+                found.append(f"{module} ({LAYERS[low][0]}) imports {dep} ({LAYERS[high][0]})")
+    return found
+
+
+def test_no_module_imports_one_above_it_in_the_layering():
+    assert [layer_of(m) for m in ("app", "app.configure", "app.config", "app.engine.loop", "app.__main__")] == [0, 3, 0, 2, 4]
+    assert upward_imports({"app.engine.run": {"app.run_folder", "app.config"}, "app.run_folder": {"app.config"}}) == [
+        "app.engine.run (engine) imports app.run_folder (launching)"]
+    graph = import_graph(modules())
+    unplaced = sorted(m for m in graph if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer (add them to LAYERS in this file): {unplaced}"
+    upward = upward_imports(graph)
+    assert not upward, "imports of a layer above the importer's:\n" + "\n".join(upward)
+
+
 def engine_offences(path: Path, name: str) -> list[str]:
     """Where the module imports or reaches a forbidden API."""
     found = []
@@ -197,6 +245,35 @@ def test_engine_imports_no_collective_xla_or_cuda_api(tmp_path):
 
 def _forbidden(dotted: str) -> bool:
     return any(dotted == bad or dotted.startswith(bad + ".") for bad in ENGINE_FORBIDDEN)
+
+
+# What app/engine must not reach past the facade: the Accelerator's backend and what hangs off one, and
+# the internals of a prepared loader (its sampler, the DataLoader it wraps).
+ENGINE_UNREACHABLE = ("backend", "checkpoint_io", "batch_sampler", "sampler", "base_dataloader")
+
+
+def reaches_past_the_facade(path: Path) -> list[str]:
+    """Where the module reads one of ENGINE_UNREACHABLE, as ``obj.name`` or ``getattr(obj, "name")``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_UNREACHABLE:
+            found.append((node.lineno, node.attr))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in ENGINE_UNREACHABLE):
+            found.append((node.lineno, node.args[1].value))
+    return [f"{line}: reads .{name}" for line, name in sorted(found)]
+
+
+def test_engine_talks_to_the_accelerator_and_its_loaders_only(tmp_path):
+    """Fabric's rule: the loop and its helpers use the runtime's public verbs (``broadcast_object``,
+    ``step_flag``, ``load_model``, a loader's ``epoch``...), never the backend behind them."""
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(acc, loader):\n    acc.backend.step_flag()\n    return loader.batch_sampler.epoch, loader.epoch\n"
+                      "def g(acc):\n    return getattr(acc, 'backend'), acc.step_flag()\n")
+    assert reaches_past_the_facade(sample) == ["2: reads .backend", "3: reads .batch_sampler", "5: reads .backend"]
+    offenders = [f"{path.relative_to(REPO)}:{where}" for name, path in modules().items()
+                 if name == "app.engine" or name.startswith("app.engine.") for where in reaches_past_the_facade(path)]
+    assert offenders == [], "app/engine reaches past the Accelerator: " + ", ".join(offenders)
 
 
 def accelerator_private_names() -> set[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.distributed.checkpoint.store import complete_checkpoints
+from app.distributed.checkpoint.store import FAULT_ENV, HOLD_MESSAGE, complete_checkpoints
 from tests.conftest import run_app
 
 # Runs that would not end by themselves (max_steps far away; a constant rate, so the schedule does not
@@ -168,47 +168,51 @@ def start_app(*args: str) -> subprocess.Popen[str]:
 def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_complete_checkpoints(tmp_path):
     run = tmp_path / "run"
     checkpoints = run / "checkpoints"
-    # A model large enough (4.3 M parameters, ~50 MB with Adam's state) that writing a checkpoint
-    # takes a while; one every 2 steps, so the interrupted write has a complete predecessor.
-    proc = start_app(*ENDLESS, "task.hidden_sizes=[2048,2048]", "checkpoint.every_n_steps=2", "checkpoint.total_limit=2",
-                     f"hydra.run.dir={run}")
+    # One checkpoint every 2 steps; the second save (the interrupt's, or the periodic one it lands in)
+    # is held halfway for ever (APP_CHECKPOINT_FAULT=hold:1): the second Ctrl-C surely comes during a
+    # write, however loaded the machine, and the first save is its complete predecessor.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", FAULT_ENV: "hold:1"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, "checkpoint.every_n_steps=2",
+                             "checkpoint.total_limit=2", f"hydra.run.dir={run}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
     while not complete_checkpoints(checkpoints) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     before = {path.name for path, _ in complete_checkpoints(checkpoints)}
-    assert before, "no checkpoint was written"
+    assert before == {"checkpoint_0"}, before
+    # Past step 2, whose checkpoint is that first save: wherever the signal now lands, the run stops
+    # after step 3 or later, and the next save (held) comes first.
+    wait_for_training(proc, run, steps=1)
     proc.send_signal(signal.SIGINT)
-    # Two identical signals that are pending at once are one: the kernel keeps one bit per signal. So
-    # the second is sent only once the first has been delivered (a terminal's two presses are always
-    # apart; here the SIGSTOP below could otherwise come before the process ran at all).
-    wait_until_delivered(proc.pid, signal.SIGINT, deadline)
-    writing = None
-    while writing is None and proc.poll() is None and time.monotonic() < deadline:
-        writing = next(checkpoints.glob(".tmp-checkpoint_*"), None)
-        if writing is not None:
-            proc.send_signal(signal.SIGSTOP)  # frozen in the middle of the write, whatever it was doing
-            if not writing.exists():
-                writing = None  # renamed into place meanwhile: wait for the next write
-                proc.send_signal(signal.SIGCONT)
-        else:
-            time.sleep(0.002)  # a write of ~50 MB with fsync lasts far longer
-    assert writing is not None, "the process ended before a checkpoint write was seen"
-    in_place_when_stopped = {path.name for path, _ in complete_checkpoints(checkpoints)}
+    said = wait_for_lines(proc.stderr, ["SIGINT: stopping after the current step", HOLD_MESSAGE])
+    writing = list(checkpoints.glob(".tmp-checkpoint_1-*"))
+    assert writing, said  # the held write: its temporary folder, half written
     proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGCONT)
     out, err = proc.communicate(timeout=60)
+    err = said + err
     assert proc.returncode == 130, err[-3000:]
     assert "second interrupt: exiting now" in err and "Traceback" not in err
     assert "resume with" not in out + err  # it did not wait for the checkpoint
 
-    # What is on disk: the checkpoints complete when it stopped, each still complete; the one being
-    # written never appears under a final name (at most its temporary folder is left).
+    # What is on disk: the checkpoint complete before, still complete; the one being written never
+    # appears under a final name (its temporary folder is left, and ignored).
     final = {path.name for path in checkpoints.glob("checkpoint_*")}
-    assert final == {path.name for path, _ in complete_checkpoints(checkpoints)} == in_place_when_stopped
+    assert final == {path.name for path, _ in complete_checkpoints(checkpoints)} == before
     assert not (run / "model").exists()
     newest = complete_checkpoints(checkpoints)[-1][1].step
     run_app(f"resume={run}", f"trainer.max_steps={newest + 1}", cwd=tmp_path, check=True, timeout=120)
     assert complete_checkpoints(checkpoints)[-1][1].step == newest + 1
+
+
+def wait_for_lines(stream, texts: list[str]) -> str:
+    """Read ``stream`` line by line until each of ``texts`` was seen (or it ends); what was read."""
+    seen = ""
+    while not all(text in seen for text in texts):
+        line = stream.readline()
+        if not line:
+            break
+        seen += line
+    return seen
 
 
 def wait_until_delivered(pid: int, sig: int, deadline: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.distributed import Accelerator, notebook_launcher
-from app.launching.processes import free_port
+from app.worker_processes import free_port, local_port, port_is_free
 from tests.conftest import REPO
 
 # The user's script: the model is built once in the parent and reaches both processes through
@@ -64,8 +65,13 @@ def test_two_forked_processes_train_a_model_built_outside(tmp_path: Path) -> Non
     script = tmp_path / "notebook.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(free_port())], check=False, cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=110)
+    # The port asked for is taken (a previous launch, another job on 29500): on one machine the
+    # launcher takes a free one instead of failing with EADDRINUSE.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        proc = subprocess.run([sys.executable, str(script), str(taken.getsockname()[1])], check=False,
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     results = out["results"]
@@ -87,3 +93,15 @@ def test_one_process_runs_the_function_here_with_the_precision_as_default() -> N
     assert "ACCELERATE_MIXED_PRECISION" not in os.environ or os.environ["ACCELERATE_MIXED_PRECISION"] != "bf16"
     with pytest.raises(ValueError, match="Unknown mixed_precision mode 'fp8'"):
         notebook_launcher(train, args=(1,), mixed_precision="fp8")
+
+
+def test_a_busy_port_is_swapped_for_a_free_one_and_a_free_one_is_kept() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert not port_is_free("127.0.0.1", busy)
+        chosen = local_port("127.0.0.1", busy)
+        assert chosen != busy and port_is_free("127.0.0.1", chosen)
+    wanted = free_port()
+    assert local_port("127.0.0.1", wanted) == wanted

@@ -83,11 +83,12 @@ def test_a_failed_or_nan_job_is_a_failed_optuna_trial(tmp_path: Path) -> None:
     import optuna
     from hydra.core.utils import JobReturn, JobStatus
 
+    from app.config import MonitorMode
+    from app.sweeps.optuna_config import OptunaSweeperConfig
     from app.sweeps.optuna_search import OptunaSearch
 
-    search = OptunaSearch(sampler=None, direction="max", storage=None, study_name=None, n_trials=3, n_jobs=3,
-                          max_failure_rate=1.0, search_space=None, custom_search_space=None, params=None)
-    study = optuna.create_study(directions=search._get_directions())
+    search = OptunaSearch(OptunaSweeperConfig(direction=MonitorMode.max, n_trials=3, n_jobs=3, max_failure_rate=1.0))
+    study = optuna.create_study(direction=search.direction)
     trials = [study.ask() for _ in range(3)]
     returns = [JobReturn(status=JobStatus.COMPLETED, _return_value=0.5),
                JobReturn(status=JobStatus.COMPLETED, _return_value=math.nan),
@@ -97,10 +98,9 @@ def test_a_failed_or_nan_job_is_a_failed_optuna_trial(tmp_path: Path) -> None:
     assert states == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.FAIL]
     assert study.best_value == 0.5
 
-    strict = OptunaSearch(sampler=None, direction="min", storage=None, study_name=None, n_trials=1, n_jobs=1,
-                          max_failure_rate=0.0, search_space=None, custom_search_space=None, params=None)
-    assert strict._get_directions() == ["minimize"]
-    study = optuna.create_study(directions=strict._get_directions())
+    strict = OptunaSearch(OptunaSweeperConfig(direction=MonitorMode.min, n_trials=1, n_jobs=1, max_failure_rate=0.0))
+    assert strict.direction == optuna.study.StudyDirection.MINIMIZE
+    study = optuna.create_study(direction=strict.direction)
     with pytest.raises(RuntimeError, match="max_failure_rate"):
         strict._tell(study, [study.ask().number], returns[2:])
 

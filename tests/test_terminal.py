@@ -5,12 +5,10 @@ start, and ``--help``."""
 from __future__ import annotations
 
 import io
+import os
 import re
-import shlex
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,39 +16,25 @@ import pytest
 from app.config_tree import show_config
 from app.engine.progress import human, human_metrics
 from tests.conftest import REPO, compose_config, run_app
+from tests.tmux import Terminal, app_command
 
 LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[")
 
 
-def run_in_terminal(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[str, str]:
+def run_in_terminal(tmp_path: Path, *args: str, timeout: float = 120, width: int = 150) -> tuple[str, str]:
     """Run ``python -m app`` in a detached tmux terminal; the whole screen history, plain and with colours."""
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed (apt-get install tmux): the terminal test needs a real terminal")
-    server = f"app-test-{tmp_path.name}"
-    command = (f"cd {shlex.quote(str(tmp_path))} && PYTHONPATH={shlex.quote(str(REPO))} HF_HUB_OFFLINE=1 "
-               f"{shlex.quote(sys.executable)} -m app {' '.join(shlex.quote(a) for a in args)}; "
-               "echo EXIT=$?; sleep 600")
-    subprocess.run(["tmux", "-L", server, "new-session", "-d", "-x", "150", "-y", "50", command], check=True)
-
-    def capture(*flags: str) -> str:
-        return subprocess.run(["tmux", "-L", server, "capture-pane", "-p", "-J", "-S", "-", *flags],
-                              capture_output=True, text=True, check=True).stdout
-
-    try:
-        deadline = time.monotonic() + timeout
-        while "EXIT=" not in (screen := capture()) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        return screen, capture("-e")
-    finally:
-        subprocess.run(["tmux", "-L", server, "kill-server"], check=False)
+    with Terminal(tmp_path, app_command(*args), width=width) as term:
+        screen = term.wait_for_exit(timeout)
+        return screen, term.screen("-e")
 
 
 @pytest.mark.timeout(180)
 def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_path):
     # Early stopping after the second evaluation (nothing improves by 1.0), with bars on.
+    # 100 columns: the bar's last line, with why training stopped, is longer than that.
     screen, coloured = run_in_terminal(
         tmp_path, "hydra.run.dir=run", "trainer.max_epochs=5", "trainer.eval_every_n_steps=10",
-        "early_stopping.patience=1", "early_stopping.min_delta=1", "logging.trackers=[]")
+        "early_stopping.patience=1", "early_stopping.min_delta=1", "logging.trackers=[]", width=100)
     assert "EXIT=0" in screen, screen
     lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
     log_lines = [line for line in lines if LOG_LINE.search(line)]
@@ -60,7 +44,14 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
         assert len(LOG_LINE.findall(line)) == 1, line
     bars = [line for line in lines if line.startswith("train:")]
     assert bars and all(not LOG_LINE.search(b) for b in bars)
-    assert "stopped: eval/accuracy did not improve for 1 evaluations" in bars[-1], bars[-1]
+    # It fits the width, whole words only: the reason is cut at a word (…), its "(best …)" kept.
+    last = bars[-1]
+    assert len(last) <= 100 and last.endswith(")]"), last
+    stop = re.search(r"stopped: (.*) \(best \d\.\d{4}\)\]$", last)
+    assert stop, last
+    words = ["eval/accuracy", "did", "not", "improve", "for", "1", "evaluations"]
+    shown = stop.group(1).removesuffix("…").split()
+    assert shown == words[:len(shown)] and (len(shown) == len(words) or stop.group(1).endswith("…")), last
     assert "/225 " in bars[-1]  # the planned steps: 5 epochs of 45 steps
     evaluations = [line for line in log_lines if "eval/accuracy=" in line]
     assert evaluations and all(re.search(r"eval/accuracy=\d\.\d{4}(,|$)", e) for e in evaluations)
@@ -100,3 +91,72 @@ def test_help_lists_every_option_once_with_keys_and_examples_and_no_schemas(tmp_
     assert re.search(r"^   \* cpu\s", text, re.MULTILINE)  # the default is marked
     assert "keys: trainer.max_epochs, trainer.max_steps" in text
     assert "python -m app hardware=multi_cpu hardware.num_processes=2" in text  # the README's examples
+    # Every launcher, Hydra's and its plugins' included, basic the default.
+    launchers = text.split("\n  hydra/launcher\n", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^   ([ *]) (\w+)", launchers, re.MULTILINE) == [
+        ("*", "basic"), (" ", "joblib"), (" ", "local_parallel"), (" ", "slurm"), (" ", "submitit_local")]
+    # Each option's first sentence whole, never cut at a line of its file.
+    options = re.findall(r"^   [ *] (\w+)\s+(.+)$", text, re.MULTILINE)
+    for name, description in options:
+        # A sentence, or (an option without one) the keys it sets and their values.
+        assert description.endswith(".") or re.match(r"^_?\w+: ", description), (name, description)
+        assert not description.endswith(("\\", "(", ",", ":")) and " \\ " not in description, (name, description)
+    # The values shown are the ones the default run uses (the digits task's recipe over the groups').
+    default = compose_config()
+    assert re.search(rf"^   \* adamw\s+lr: {default.optim.lr} ", text, re.MULTILINE), text
+    assert re.search(rf"^   \* default\s+max_epochs: {default.trainer.max_epochs} ", text, re.MULTILINE)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colours(tmp_path):
+    log_file = tmp_path / "run.log"
+    with log_file.open("w") as out:  # python -m app ... > run.log 2>&1
+        proc = subprocess.run([sys.executable, "-m", "app", "hydra.run.dir=run", "trainer.max_epochs=2",
+                               "logging.trackers=[]"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=110, check=False)
+    text = log_file.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    assert "\r" not in text and "\x1b" not in text, repr(text[-2000:])  # no bar redraws, no colours
+    assert "├── trainer" in text  # the config tree, plain
+    # The bar became one line per tenth of the 90 steps, each at a log step, with that step's loss.
+    progress = re.findall(r"\[app\.engine\.progress\]\[INFO\] - train: (\d+)/90 steps \(\d+%\), loss=\d\.\d{4}, "
+                          r"\d+ samples/s$", text, re.MULTILINE)
+    assert [int(step) for step in progress] == list(range(10, 91, 10)), text[-3000:]
+    assert all(LOG_LINE.match(line) or line[:1] in "c│├└" for line in text.splitlines()), text[-3000:]
+
+
+def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):
+    # Optuna logs through colorlog, which colours whatever the stream; the app asks for plain text
+    # (NO_COLOR) when its stderr is not a terminal, before the sweeper imports Optuna.
+    script = ("from app.console import protect_output; protect_output(); import optuna; "
+              "optuna.logging.get_logger('optuna').info('A new study created')")
+    with (tmp_path / "err.log").open("w") as err:
+        subprocess.run([sys.executable, "-c", script], stderr=err, cwd=REPO, timeout=60, check=True,
+                       env={k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")})
+    text = (tmp_path / "err.log").read_text()
+    assert "A new study created" in text and "\x1b" not in text, repr(text)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_parallel_optuna_sweep_shows_one_line_per_job_start_and_end(tmp_path):
+    # The README's joblib Optuna command, two trials at once on one terminal.
+    with Terminal(tmp_path, app_command("-m", "hparams_search=digits_optuna", "hydra/launcher=joblib",
+                                        "hydra.sweeper.n_trials=2", "trainer.max_epochs=1", "logging.trackers=[]",
+                                        "hydra.sweep.dir=sweep"), width=120) as term:
+        screen = term.wait_for_exit(280)
+    assert "EXIT=0" in screen, screen[-3000:]
+    lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
+    # No job's config tree, bar or log line on the shared terminal: one line as each job starts and ends.
+    assert not [line for line in lines if line[:1] in "│├└" or line.startswith(("train:", "eval:", "config"))], screen
+    assert "█" not in screen and "[app" not in screen, screen
+    for job in (0, 1):
+        started = [line for line in lines if line.startswith(f"job {job} started: ")]
+        ended = [line for line in lines if line.startswith(f"job {job} finished (eval/accuracy 0.")]
+        assert len(started) == len(ended) == 1, screen
+        assert started[0].endswith(f"({tmp_path / 'sweep' / str(job)})") and "optim.lr=" in started[0]
+        assert ended[0].endswith(f"its log: {tmp_path / 'sweep' / str(job) / 'app.log'}")
+        # What the terminal did not show is in the job's own log: the tree, the progress, the evaluation.
+        log = (tmp_path / "sweep" / str(job) / "app.log").read_text()
+        assert "├── trainer" in log and re.search(r"train: \d+/\d+ steps", log) and "eval/accuracy=" in log
+    assert all(line.startswith(("[", "job ", "EXIT=")) for line in lines), screen  # whole lines only

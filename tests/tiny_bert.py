@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.tasks.text.config import TextClassificationConfig
 
 HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -53,6 +58,38 @@ def write_glue_tsv(path: Path, rows: list[tuple[int, str, str]], first_id: int =
     ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+class FakeRuntime:
+    """Stand-in for the Accelerator on one process (the task sees it as a TaskRuntime); it keeps what
+    the task registers for checkpointing."""
+
+    is_main_process = True
+    static_shapes = False
+
+    def __init__(self) -> None:
+        self.entered = 0
+        self.checkpointed: list = []
+
+    @contextmanager
+    def main_process_first(self):
+        self.entered += 1
+        yield
+
+    def register_for_checkpointing(self, *objects) -> None:
+        self.checkpointed.extend(objects)
+
+
+def mrpc_config(**values: object) -> TextClassificationConfig:
+    """``task=glue_mrpc`` as conf/task/glue_mrpc.yaml sets it (tests/test_glue_presets.py checks that
+    the YAML composes to these values), with ``values`` over it."""
+    from app.tasks.text.config import TextClassificationConfig
+    from app.tasks.text.glue import GlueName
+
+    preset: dict[str, object] = {"name": "glue_mrpc", "glue": GlueName.mrpc, "dataset": "nyu-mll/glue",
+                                 "dataset_config": "mrpc", "text_fields": ["sentence1", "sentence2"],
+                                 "metrics": ["accuracy", "f1"]}
+    return TextClassificationConfig(**{**preset, **values})  # type: ignore[arg-type]
 
 
 def make_tiny_glue_tsv(

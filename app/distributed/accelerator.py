@@ -38,25 +38,27 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 
 from app.distributed.backend import Backend
-from app.distributed.checkpoint.export import save_model
+from app.distributed.checkpoint.export import export_shards, save_model
+from app.distributed.checkpoint.rng import preserved_rng
 from app.distributed.checkpoint.training_state import Counters, TrainingObjects, load_state, save_state
 from app.distributed.configuration import (
+    AutocastKwargs,
     DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     ProjectConfiguration,
-    refuse_handler,
 )
+from app.distributed.connector import connect
 from app.distributed.data import DataLoaderShard, GradientState, shard_dataloader
 from app.distributed.data import skip_first_batches as _skip_first_batches
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
-from app.distributed.launchers import MIXED_PRECISION_ENV
 from app.distributed.operations import recursively_apply
-from app.distributed.precision import Precision, build_precision, unscale_all
+from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
-from app.distributed.state import AcceleratorState, default_backend, register_accelerator
+from app.distributed.state import AcceleratorState, register_accelerator
+from app.distributed.step_flags import StepFlag
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
+from app.run_layout import checkpoints_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,15 +66,10 @@ _SYNCHRONISING = contextlib.nullcontext()
 """What ``accumulate`` returns when the backward must synchronise as usual (nothing to enter)."""
 
 
-def available_trackers() -> list[str]:
-    """What ``log_with="all"`` starts: every tracker we support whose package is installed (Accelerate's rule)."""
-    from app.distributed.hardware.availability import is_tensorboard_available, is_wandb_available
-
-    return [name for name, installed in (("tensorboard", is_tensorboard_available()), ("wandb", is_wandb_available()))
-            if installed]
-
-
 class Accelerator(ProcessControl):
+    backend: Backend
+    """What runs the collectives and wraps the model for this hardware kind (``backend.py``)."""
+
     def __init__(
         self,
         device_placement: bool = True,
@@ -102,45 +99,34 @@ class Accelerator(ProcessControl):
         (Accelerate steps the LR scheduler once per process per optimizer step unless
         ``split_batches``; False steps it once per optimizer step).
 
-        ``downcast_bf16`` is accepted so that scripts written for Accelerate's TPU path run unchanged,
-        and changes nothing: there it sets the deprecated ``XLA_DOWNCAST_BF16`` variable (every fp32
-        tensor stored as bf16), here ``mixed_precision="bf16"`` is always ``torch.autocast`` (bf16
-        compute, fp32 weights and optimizer states, on every device)."""
-        if gradient_accumulation_plugin is not None:
-            if gradient_accumulation_steps != 1:
-                raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
-            gradient_accumulation_steps = gradient_accumulation_plugin.num_steps or 1
-        else:
-            gradient_accumulation_plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
-        if gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
-        self._backend = backend if backend is not None else default_backend(cpu)
-        self.ddp_kwargs = self._read_kwargs_handlers(kwargs_handlers or [])
-        if self.ddp_kwargs is not None:
-            configure = getattr(self._backend, "configure_ddp", None)
-            if configure is not None:
-                configure(self.ddp_kwargs)
-            elif self._backend.num_processes > 1:
-                raise ValueError(f"kwargs_handlers: DistributedDataParallelKwargs needs the DDP backend, but this "
-                                 f"Accelerator runs {self._backend.distributed_type}; remove it.")
-            # One process: there is no DDP wrapper to configure (as in Accelerate).
-        # Unset: what a launcher asked for (notebook_launcher's mixed_precision, Accelerate's variable).
-        mixed_precision = mixed_precision or os.environ.get(MIXED_PRECISION_ENV) or "no"
-        self.precision: Precision = build_precision(mixed_precision, self.backend.device)
-        self.gradient_accumulation_steps = gradient_accumulation_steps
-        self.gradient_accumulation_plugin = gradient_accumulation_plugin
-        self.downcast_bf16 = downcast_bf16
+        ``connector.connect`` turns the arguments into what the Accelerator runs with, and refuses
+        with one sentence any it cannot honour (``downcast_bf16=True``, ``rng_types`` beyond the
+        sampler's generator, an unsupported kwargs handler...)."""
+        connected = connect(
+            split_batches=split_batches, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu, dataloader_config=dataloader_config,
+            project_dir=project_dir, project_config=project_config,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, log_with=log_with, even_batches=even_batches,
+            rng_types=rng_types, kwargs_handlers=kwargs_handlers, downcast_bf16=downcast_bf16, backend=backend)
+        self.backend = connected.backend
+        self.precision: Precision = connected.precision
+        self.ddp_kwargs = connected.ddp_kwargs
+        self.autocast_handler = connected.autocast_handler
+        self._profile_handler = connected.profile_handler
+        self.gradient_accumulation_plugin = connected.gradient_accumulation_plugin
+        self.gradient_accumulation_steps: int = connected.gradient_accumulation_plugin.num_steps or 1
+        self.gradient_state = GradientState(connected.gradient_accumulation_plugin)
+        self.dataloader_config = connected.dataloader_config
+        self.project_configuration = connected.project_configuration
+        self.project_dir = connected.project_dir
+        self.rng_types = connected.rng_types
+        self._log_with = connected.log_with
         self.device_placement = device_placement
-        if dataloader_config is None:
-            dataloader_config = DataLoaderConfiguration(split_batches=split_batches, even_batches=even_batches)
-        self.dataloader_config = dataloader_config
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.scale_scheduler_by_processes = scale_scheduler_by_processes
-        self.project_configuration = project_config or ProjectConfiguration()
-        project_dir = project_dir if project_dir is not None else self.project_configuration.project_dir
-        self.project_dir = Path(project_dir) if project_dir is not None else None
-        self.gradient_state = GradientState(gradient_accumulation_plugin)
-        self.rng_types = list(rng_types) if rng_types is not None else ["generator"]
+        self.trackers: list[Any] = []
+        self.step = 0
+        """Micro-steps seen by ``accumulate`` (Accelerate's name)."""
         self._micro_step = 0
         self._trigger = False
         self._seed = seed
@@ -151,40 +137,8 @@ class Accelerator(ProcessControl):
         self._custom_objects: list[Any] = []
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
-        self._log_with = [log_with] if isinstance(log_with, str) else list(log_with or [])
-        if "all" in self._log_with:
-            self._log_with = [n for n in self._log_with if n != "all"] + available_trackers()
-        self.trackers: list[Any] = []
-        self.step = 0
-        """Micro-steps seen by ``accumulate`` (Accelerate's name)."""
-        from app.distributed.profiling import ProfileKwargs
-
-        self._profile_handler = next((h for h in kwargs_handlers or [] if isinstance(h, ProfileKwargs)), None)
         self._state = AcceleratorState.of(self)
         register_accelerator(self)
-
-    @staticmethod
-    def _read_kwargs_handlers(handlers: Sequence[Any]) -> DistributedDataParallelKwargs | None:
-        ddp: DistributedDataParallelKwargs | None = None
-        for handler in handlers:
-            if isinstance(handler, DistributedDataParallelKwargs):
-                if ddp is not None:
-                    raise ValueError("kwargs_handlers: DistributedDataParallelKwargs is given twice; pass it once.")
-                ddp = handler
-            elif type(handler).__name__ == "ProfileKwargs":
-                continue  # read by profile()
-            else:
-                refuse_handler(handler)
-        return ddp
-
-    # -- state and topology (the rest comes from ProcessControl) ----------------------------------------
-    @property
-    def backend(self) -> Backend:
-        return self._backend
-
-    @backend.setter
-    def backend(self, value: Backend) -> None:
-        self._backend = value
 
     @property
     def state(self) -> AcceleratorState:
@@ -208,6 +162,12 @@ class Accelerator(ProcessControl):
         """True when every step must see the same tensor shapes (XLA): prepared loaders then pad their
         last batch to full size, and a task should pad sequences to a fixed length."""
         return self.backend.static_shapes
+
+    @property
+    def fused_optimizers(self) -> bool:
+        """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this runtime's
+        parameters (CPU and CUDA; not XLA)."""
+        return self.backend.fused_optimizers
 
     @property
     def mixed_precision(self) -> str:
@@ -234,13 +194,20 @@ class Accelerator(ProcessControl):
 
         Models are prepared first, so an optimizer created on the original parameters is re-pointed at
         the parameters the backend produced (FSDP2 replaces them with sharded ones).
+
+        ``device_placement``: one bool per object (None: the Accelerator's ``device_placement``).
         """
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        elif len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for the {len(args)} objects "
+                             "passed; give one per object.")
         replaced: dict[int, nn.Parameter] = {}
         result: list[Any] = list(args)
         for i, obj in enumerate(args):
             if isinstance(obj, nn.Module):
                 old = list(obj.parameters())
-                result[i] = self.prepare_model(obj)
+                result[i] = self.prepare_model(obj, device_placement=device_placement[i])
                 new = list(self.backend.unwrap_model(result[i]).parameters())
                 replaced.update({id(o): n for o, n in zip(old, new) if o is not n})
         for i, obj in enumerate(args):
@@ -248,15 +215,25 @@ class Accelerator(ProcessControl):
                 if replaced:
                     for group in obj.param_groups:
                         group["params"] = [replaced.get(id(p), p) for p in group["params"]]
-                result[i] = self.prepare_optimizer(obj)
+                result[i] = self.prepare_optimizer(obj, device_placement=device_placement[i])
             elif isinstance(obj, DataLoader):
-                result[i] = self.prepare_data_loader(obj)
+                result[i] = self.prepare_data_loader(obj, device_placement=device_placement[i])
         for i, obj in enumerate(args):
             if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
                 result[i] = self.prepare_scheduler(obj)
         return result[0] if len(result) == 1 else tuple(result)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
+        """Place the model on the device, wrap it for the backend (DDP, FSDP2...) and run its forward
+        under the precision's autocast. ``device_placement=False`` leaves a model where it is only
+        when that is the device already: the backend's wrapper needs it there."""
+        if evaluation_mode:
+            raise ValueError("prepare_model(evaluation_mode=True) is not supported: prepare the model as usual (a "
+                             "model without trainable parameters is not wrapped for DDP).")
+        place = device_placement if device_placement is not None else self.device_placement
+        if not place and any(p.device != self.device for p in model.parameters()):
+            raise ValueError(f"device_placement=False: the backend places and wraps the model on {self.device} "
+                             "(its data-parallel wrappers need it there); move it there first, or leave device_placement on.")
         if any(model is m or model is self.backend.unwrap_model(m) for m in self._models):
             raise ValueError("this model was already prepared; prepare each model once.")
         if self.num_processes > 1 and self.verify_device_map(model):
@@ -265,13 +242,19 @@ class Accelerator(ProcessControl):
         wrapped = self.backend.wrap_model(model)
         inner = self.backend.unwrap_model(wrapped)
         # The autocast decision is taken once here, not at every step.
-        wrapped_forward = self.precision.wrap_forward(inner.forward)
+        wrapped_forward = self.precision.wrap_forward(inner.forward, self.autocast_handler)
         if wrapped_forward is not inner.forward:
             inner.forward = wrapped_forward  # type: ignore[method-assign]
         self._models.append(wrapped)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap the optimizer so it steps only on synchronising micro-steps. With device placement
+        (the default), a state it already holds (loaded before ``prepare``) moves to its parameters'
+        devices; without, it stays where it is."""
+        place = device_placement if device_placement is not None else self.device_placement
+        if place and optimizer.state:
+            optimizer.load_state_dict(optimizer.state_dict())  # torch casts the state to each parameter's device
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.precision,
                                        step_end=self.backend.step_end_hook())
         self._optimizers.append(wrapped)
@@ -370,7 +353,7 @@ class Accelerator(ProcessControl):
             self._micro_step += 1
             sync = state.sync_gradients = self._micro_step % self.gradient_accumulation_steps == 0
         # sync_each_batch (GradientAccumulationPlugin): all-reduce every micro-step, step every k.
-        if sync or self._backend.num_processes == 1 or state.sync_each_batch:
+        if sync or self.backend.num_processes == 1 or state.sync_each_batch:
             return _SYNCHRONISING
         stack = contextlib.ExitStack()
         try:
@@ -436,9 +419,14 @@ class Accelerator(ProcessControl):
             for loader, value in saved:
                 loader.batch_sampler.even_batches = value
 
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """The precision's autocast context (a no-op in full precision)."""
-        return self.precision.autocast()
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager[Any]:
+        """The precision's autocast context (a no-op in full precision); ``autocast_handler``: torch.autocast's
+        switches for this block (default: the ``AutocastKwargs`` in ``kwargs_handlers``, if any).
+
+        >>> with accelerator.autocast(AutocastKwargs(enabled=False)):
+        ...     loss = exact_fp32_part(outputs)
+        """
+        return self.precision.autocast(autocast_handler if autocast_handler is not None else self.autocast_handler)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         optimizers = [optimizer] if optimizer is not None else self._optimizers
@@ -457,7 +445,12 @@ class Accelerator(ProcessControl):
 
     # -- models ---------------------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
+        """The user's model inside the backend's wrapper. ``keep_fp32_wrapper=False``: its forward
+        without the precision's autocast; ``keep_torch_compile=False``: the module a
+        ``torch.compile(model)`` wrapper compiles (a model compiled in place is itself)."""
         inner = self.backend.unwrap_model(model)
+        if not keep_torch_compile:
+            inner = getattr(inner, "_orig_mod", inner)  # torch.compile's OptimizedModule holds the original there
         if not keep_fp32_wrapper:
             forward = inner.forward
             original = getattr(forward, "__wrapped__", None)
@@ -466,7 +459,11 @@ class Accelerator(ProcessControl):
         return inner
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The full state dict on CPU (gathered from shards under FSDP2; valid on the main process)."""
+        """The full state dict on CPU (gathered from shards under FSDP2; valid on the main process),
+        with the unwrapped model's key names."""
+        if not unwrap:
+            raise ValueError("get_state_dict(unwrap=False) is not supported: it returns the unwrapped model's full "
+                             "weights; call model.state_dict() for the wrapper's own keys.")
         return self.backend.full_state_dict(model)
 
     # -- collectives ----------------------------------------------------------------------------------
@@ -513,6 +510,27 @@ class Accelerator(ProcessControl):
 
     def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
         return recursively_apply(lambda t: self.backend.broadcast(t, from_process), tensor)
+
+    def broadcast_object(self, obj: Any, from_process: int = 0) -> Any:
+        """Any picklable object from ``from_process`` to every process; returns that process's value.
+
+        >>> found = accelerator.broadcast_object(path if accelerator.is_main_process else None)
+        """
+        return self.backend.broadcast_object(obj, src=from_process)
+
+    def step_flag(self) -> StepFlag:
+        """A per-step "did any process raise it?" whose answer every process reads at the same step
+        (``app/distributed/step_flags.py``): one step late and without a wait on the
+        ``torch.distributed`` backends, a blocking all-reduce on the others (the identity on one process).
+
+        >>> flag = accelerator.step_flag()
+        >>> for batch in loader:
+        ...     train_step(batch)
+        ...     if flag.post(stop_requested_here()):
+        ...         break
+        >>> flag.close()
+        """
+        return self.backend.step_flag()
 
     # -- profiling ------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -575,13 +593,16 @@ class Accelerator(ProcessControl):
     # -- tracking -------------------------------------------------------------------------------------
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, Any] | None = None) -> None:
-        """Start the trackers named in ``log_with`` on the main process (others log nothing)."""
+        """Start the trackers named in ``log_with`` on the main process (others log nothing). The random
+        streams come out as they went in (a tracker's start-up may draw from them, and a run resumed
+        from a checkpoint must continue the restored streams exactly)."""
         from app.distributed.tracking import build_trackers
 
         if not self.is_main_process:
             return
-        logging_dir = self.project_dir if self.project_dir is not None else Path.cwd()
-        self.trackers = build_trackers(self._log_with, project_name, logging_dir, config or {}, init_kwargs or {})
+        logging_dir = self.logging_dir if self.logging_dir is not None else Path.cwd()
+        with preserved_rng(self.backend):
+            self.trackers = build_trackers(self._log_with, project_name, logging_dir, config or {}, init_kwargs or {})
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         for tracker in self.trackers:
@@ -590,6 +611,15 @@ class Accelerator(ProcessControl):
         raise KeyError(f"no tracker named {name!r} was started (log_with={self._log_with}).")
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, Any] | None = None) -> None:
+        """Log ``values`` at ``step`` to every tracker; ``log_kwargs``: ``{tracker name: arguments}`` for
+        that tracker's own log call (wandb's ``commit``, TensorBoard's ``walltime``...).
+
+        >>> accelerator.log({"train/loss": 0.3}, step=10, log_kwargs={"wandb": {"commit": False}})
+        """
+        if log_kwargs:
+            for tracker in self.trackers:
+                tracker.log(values, step=step, **log_kwargs.get(tracker.name, {}))
+            return
         for tracker in self.trackers:
             tracker.log(values, step=step)
 
@@ -650,7 +680,7 @@ class Accelerator(ProcessControl):
             yield
             return
         models = list(self._models)
-        where = str(folder if folder is not None else (self.project_dir or Path.cwd()) / "checkpoints")
+        where = str(folder if folder is not None else checkpoints_dir(self.project_dir or Path.cwd()))
         for hook in hooks.values():
             if with_weights:
                 hook(models, [self.get_state_dict(m) for m in models], where)
@@ -675,6 +705,9 @@ class Accelerator(ProcessControl):
 
             save_file({k: v.detach().cpu().contiguous() for k, v in obj.items()}, str(f))
             return
+        if safe_serialization:
+            raise ValueError(f"Accelerator.save(safe_serialization=True) writes safetensors, which hold a dict of "
+                             f"tensors; a {type(obj).__name__} is not one (leave safe_serialization off for JSON data).")
         try:
             text = json.dumps(obj)
         except TypeError as error:
@@ -711,6 +744,22 @@ class Accelerator(ProcessControl):
         >>> accelerator.save_model(model, "export", max_shard_size="1GB")
         """
         save_model(self.backend, model, save_directory, max_shard_size, safe_serialization)
+
+    def load_model(self, model: nn.Module, folder: str | os.PathLike[str]) -> None:
+        """Load the weights of an exported model folder (``save_model``'s: ``model.safetensors``, or
+        shards with ``model.safetensors.index.json``) into a prepared model; every process calls it.
+
+        >>> accelerator.load_model(model, "export")
+        """
+        self.backend.checkpoint_io.load_model(model, Path(folder), "model")
+
+    def model_shards(self, model: nn.Module, where: str | os.PathLike[str],
+                     max_shard_size: int | str = "10GB") -> list[dict[str, torch.Tensor]]:
+        """The full weights ``save_model`` writes, as files of at most ``max_shard_size`` (name ->
+        tensor, the unwrapped model's names), for a caller that writes them itself; every process
+        calls it (FSDP2 gathers), the main process gets the shards, the others ``[]``. ``where`` only
+        names the destination in a warning."""
+        return export_shards(self.backend, model, Path(where), max_shard_size)
 
 
 def _all_tensors(data: Any) -> bool:

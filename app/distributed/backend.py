@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,6 +21,9 @@ from torch import nn
 from app.distributed.checkpoint.io import CheckpointIO, FullStateIO
 from app.distributed.hardware.device import CPU, DeviceOps
 from app.distributed.step_flags import StepFlag, SyncFlag
+
+if TYPE_CHECKING:
+    from app.distributed.configuration import DistributedDataParallelKwargs
 
 
 class Backend:
@@ -61,6 +64,14 @@ class Backend:
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place the model on the device and wrap it for data parallelism."""
         return model.to(self.device)
+
+    def configure_ddp(self, ddp_kwargs: DistributedDataParallelKwargs) -> None:
+        """The DDP wrapper's arguments (``Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(...)])``).
+        The DDP backend takes them; on one process there is no wrapper to configure (as in
+        Accelerate); several processes without DDP (FSDP2, XLA) refuse them."""
+        if self.num_processes > 1:
+            raise ValueError(f"kwargs_handlers: DistributedDataParallelKwargs needs the DDP backend, but this "
+                             f"Accelerator runs {self.distributed_type}; remove it.")
 
     @property
     def fused_optimizers(self) -> bool:

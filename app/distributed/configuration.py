@@ -78,6 +78,24 @@ class DistributedDataParallelKwargs(KwargsHandler):
 
 
 @dataclass
+class AutocastKwargs(KwargsHandler):
+    """``torch.autocast``'s switches under mixed precision: in ``kwargs_handlers`` for prepared models
+    and ``accelerator.autocast()``, or given to ``accelerator.autocast(autocast_handler=...)`` for one
+    block (``enabled=False``: that code runs in full precision). Without mixed precision there is
+    no autocast to configure."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+    """None: torch's default."""
+
+    def autocast_arguments(self) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"enabled": self.enabled}
+        if self.cache_enabled is not None:
+            arguments["cache_enabled"] = self.cache_enabled
+        return arguments
+
+
+@dataclass
 class GradientAccumulationPlugin(KwargsHandler):
     """``num_steps``: micro-steps per optimizer step. ``adjust_scheduler`` and
     ``sync_with_dataloader`` keep Accelerate's defaults (True); ``sync_each_batch`` synchronises
@@ -134,7 +152,6 @@ UNSUPPORTED_HANDLERS = {
     "GradScalerKwargs": "fp16 loss scaling is configured by the precision object",
     "InitProcessGroupKwargs": "the process group is created by the backend from the launcher's variables "
                               "(its timeout is hardware.collective_timeout_s)",
-    "AutocastKwargs": "autocast is decided once by the precision object",
     "FullyShardedDataParallelPlugin": "FSDP2 is chosen with hardware=fsdp",
     "DeepSpeedPlugin": "DeepSpeed is not supported",
     "TorchDynamoPlugin": "torch.compile is not applied by prepare",

@@ -367,6 +367,16 @@ class DataLoaderShard:
     def total_dataset_length(self) -> int:
         return self.batch_sampler.num_samples
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next pass iterates (``set_epoch`` chooses it; a finished pass moves it on)."""
+        return self.batch_sampler.epoch
+
+    @property
+    def collate_fn(self) -> Any:
+        """The user's ``collate_fn`` (a loader of other data can batch the same way)."""
+        return self.base_dataloader.collate_fn
+
     def __iter__(self) -> Iterator[Any]:
         self.end_of_dataloader = False
         self.remainder = -1

@@ -42,14 +42,15 @@ def notebook_launcher(
     monitor_interval: float = 0.1,
 ) -> list[Any]:
     """Run ``function(*args)`` on ``num_processes`` processes of this machine (``num_nodes`` machines
-    in all, each calling this with its ``node_rank``), or in this process.
+    in all, each calling this with its ``node_rank``), or in this process. On one machine a busy
+    ``use_port`` is replaced by a free port (no other machine needs to know it).
 
     Processes are forked, so a model or data built before the call and passed in ``args`` reach
     every process without pickling, and ``function`` may be defined in the notebook. An
     ``Accelerator()`` created inside ``function`` picks up the process group (DDP on gloo on CPUs);
     ``mixed_precision`` becomes its default. With ``num_processes`` None or 1, or on a kind that runs
     one process per host, ``function`` runs here. A failing process stops the others and raises
-    :class:`~app.launching.worker_errors.WorkerFailed` naming its rank and error.
+    :class:`~app.worker_processes.WorkerFailed` naming its rank and error.
 
     Returns what ``function`` returned on each process of this machine, in local rank order (Accelerate
     returns nothing).
@@ -66,13 +67,16 @@ def notebook_launcher(
             return [function(*args)]
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-        from app.launching.processes import start_processes
-        from app.launching.worker_errors import WorkerFailed
+        from app.worker_processes import WorkerFailed, local_port, start_processes
 
         conf = dict(rdzv_conf or {})
         if rdzv_backend == "static":
             conf["rank"] = node_rank
-            rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+            # On one machine the port is private to the launch: a busy one (the previous cell's
+            # launch still closing, another job on 29500) is swapped for a free one. Across machines
+            # the others dial use_port, so it stays as given.
+            port = local_port(master_addr, int(use_port)) if num_nodes == 1 else use_port
+            rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{port}"
         try:
             # Fork, as Accelerate does in notebooks: the function and its arguments are not pickled.
             return start_processes(function, args, workers, start_method="fork", num_nodes=num_nodes,

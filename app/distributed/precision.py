@@ -8,9 +8,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from app.distributed.configuration import AutocastKwargs
 
 
 def convert_to_fp32(obj: Any) -> Any:
@@ -34,10 +37,12 @@ class Precision:
     scales_loss = False
     """Whether the loss (hence the gradients) is scaled and must be unscaled before clipping."""
 
-    def autocast(self) -> AbstractContextManager[Any]:
+    def autocast(self, handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
+        """The autocast context (``handler``: torch.autocast's switches); full precision has none."""
         return contextlib.nullcontext()
 
-    def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_forward(self, forward: Callable[..., Any], handler: AutocastKwargs | None = None) -> Callable[..., Any]:
+        """``forward`` run in the autocast context, its outputs in fp32 (unchanged in full precision)."""
         return forward
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -66,14 +71,16 @@ class AutocastPrecision(Precision):
         self.device_type = device_type
         self.dtype = dtype
 
-    def autocast(self) -> AbstractContextManager[Any]:
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+    def autocast(self, handler: AutocastKwargs | None = None) -> AbstractContextManager[Any]:
+        options = handler.autocast_arguments() if handler is not None else {}
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, **options)
 
-    def wrap_forward(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_forward(self, forward: Callable[..., Any], handler: AutocastKwargs | None = None) -> Callable[..., Any]:
         device_type, dtype = self.device_type, self.dtype
+        options = handler.autocast_arguments() if handler is not None else {}
 
         def forward_in_autocast(*args: Any, **kwargs: Any) -> Any:
-            with torch.autocast(device_type=device_type, dtype=dtype):
+            with torch.autocast(device_type=device_type, dtype=dtype, **options):
                 out = forward(*args, **kwargs)
             return convert_to_fp32(out)
 
@@ -123,9 +130,9 @@ def build_precision(mode: str, device: torch.device) -> Precision:
         raise ValueError(f"unknown mixed precision {mode!r}; expected 'no', 'fp16' or 'bf16'.")
     from app.distributed.hardware import device_ops
 
-    ops = device_ops(device)  # what the device type can run (app/distributed/hardware/)
-    if mode not in ops.precisions:
-        raise ValueError(ops.precision_refusal(mode))
+    refusal = device_ops(device).precision_refusal(mode)  # what the device type runs (app/distributed/hardware/)
+    if refusal is not None:
+        raise ValueError(refusal)
     if mode == "bf16":
         return AutocastPrecision("bf16", device.type, torch.bfloat16)
     return Fp16Precision(device.type)

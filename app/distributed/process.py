@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -18,11 +18,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ProcessControl:
-    """Mixin: subclasses provide ``backend``."""
+    """Mixin: subclasses provide ``backend`` (the Accelerator an attribute, the state objects a property
+    answering for the live backend)."""
 
-    @property
-    def backend(self) -> Backend:
-        raise NotImplementedError
+    if TYPE_CHECKING:
+        @property
+        def backend(self) -> Backend: ...
 
     @property
     def device(self) -> torch.device:

@@ -154,7 +154,7 @@ class DDPBackend(TorchDistributedBackend):
     constructor's arguments and a communication hook."""
 
     def configure_ddp(self, ddp_kwargs: Any) -> None:
-        self.ddp_kwargs = ddp_kwargs
+        self.ddp_kwargs = ddp_kwargs  # read by wrap_model
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

@@ -11,13 +11,22 @@ import os
 from pathlib import Path
 from typing import Any
 
+from app.run_layout import metrics_file, tensorboard_dir
+
 
 class Tracker:
     name = "base"
     tracker: Any = None
 
-    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record ``values`` at ``step``; ``kwargs``: arguments of this tracker's own log call
+        (``Accelerator.log(log_kwargs={name: ...})``), refused by a tracker that has none."""
         raise NotImplementedError
+
+    def refuse(self, kwargs: dict[str, Any]) -> None:
+        if kwargs:
+            raise ValueError(f"log_kwargs for the {self.name} tracker: it takes no arguments ({', '.join(kwargs)}); "
+                             f"remove log_kwargs[{self.name!r}].")
 
     def finish(self) -> None:
         pass
@@ -33,7 +42,9 @@ class JsonlTracker(Tracker):
         self.path = path
         self.tracker = path.open("a", encoding="utf-8")
 
-    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if kwargs:
+            self.refuse(kwargs)
         record = {"step": step, **{k: _plain(v) for k, v in values.items()}}
         self.tracker.write(json.dumps(record) + "\n")
         self.tracker.flush()
@@ -51,14 +62,15 @@ class TensorBoardTracker(Tracker):
 
         # init_kwargs={"purge_step": N} (a resumed run) hides events at steps >= N that the
         # interrupted run wrote after its last checkpoint.
-        self.tracker = SummaryWriter(log_dir=str(logging_dir / "tensorboard"), **(init_kwargs or {}))
+        self.tracker = SummaryWriter(log_dir=str(tensorboard_dir(logging_dir)), **(init_kwargs or {}))
         if config:
             self.tracker.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```")
 
-    def log(self, values: dict[str, Any], step: int | None = None) -> None:
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """``kwargs``: ``SummaryWriter.add_scalar``'s (``walltime``, ``new_style``, ``double_precision``)."""
         for key, value in values.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.tracker.add_scalar(key, value, global_step=step)
+                self.tracker.add_scalar(key, value, global_step=step, **kwargs)
         self.tracker.flush()
 
     def finish(self) -> None:
@@ -80,8 +92,8 @@ class WandbTracker(Tracker):
             init_kwargs = {"mode": "offline", **init_kwargs}
         self.tracker = wandb.init(project=project_name, dir=str(logging_dir), config=config, **init_kwargs)
 
-    def log(self, values: dict[str, Any], step: int | None = None) -> None:
-        self.tracker.log(values, step=step)
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.tracker.log(values, step=step, **kwargs)  # wandb.log's commit, sync
 
     def finish(self) -> None:
         self.tracker.finish()
@@ -100,7 +112,7 @@ def build_trackers(names: list[str], project_name: str, logging_dir: Path, confi
     trackers: list[Tracker] = []
     for name in names:
         if name == "jsonl":
-            trackers.append(JsonlTracker(logging_dir / "metrics.jsonl"))
+            trackers.append(JsonlTracker(metrics_file(logging_dir)))
         elif name == "tensorboard":
             trackers.append(TensorBoardTracker(logging_dir, project_name, config, init_kwargs.get("tensorboard")))
         elif name == "wandb":

@@ -111,10 +111,6 @@ class XlaSpmdBackend(Backend):
         # No sharding annotation: SPMD replicates the parameters on every device.
         return model.to(self.device)
 
-    @property
-    def fused_optimizers(self) -> bool:
-        return False
-
     # -- collectives: device tensors are global already -----------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """The whole (global) tensor, replicated on every device and computed: gathering is how

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Subset
 
 from app.config import ConfigError, RunConfig
-from app.config_tree import as_plain as plain  # config dataclasses as JSON-ready dicts (trackers, hashes)
+from app.config_tree import as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.hardware import build_backend
 from app.engine.loop import Components, total_optimizer_steps
@@ -44,6 +44,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     task = task if task is not None else build_task(cfg.task)
     check_monitor(cfg, task)
     data = debug_subsets(cfg, task.build_data(accelerator))
+    check_monitor(cfg, task)  # again: a task may learn its metrics from its data (text_classification's problem)
     check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
     frozen = freeze_parameters(model, list(cfg.optim.freeze))
@@ -51,23 +52,26 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
         log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
                               num_workers=cfg.trainer.num_workers, **train_sampling(cfg, task, data))
-    eval_loader = DataLoader(data.eval, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size,
-                             shuffle=False, collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
+    eval_loader, *extra_loaders = (
+        DataLoader(dataset, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size, shuffle=False,
+                   collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
+        for dataset in (data.eval, *data.extra_eval.values()))
     # The model must be wrapped before the optimizer sees its parameters (FSDP2 replaces them), and
     # the scheduler needs the number of optimizer steps, which depends on the sharded loader length.
     if cfg.trainer.compile:
         # In place (nn.Module.compile): parameter names, checkpoints and exports stay as without it.
         model.compile()
     model = accelerator.prepare(model)
-    optimizer = build_optimizer(cfg, model, fused_available=accelerator.backend.fused_optimizers)
+    optimizer = build_optimizer(cfg, model, fused_available=accelerator.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
-    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    train_loader, eval_loader, *extra_loaders = accelerator.prepare(train_loader, eval_loader, *extra_loaders)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
                             total_steps=total_optimizer_steps(cfg, len(train_loader)))
     scheduler = accelerator.prepare(scheduler)
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
-                      show_progress=accelerator.is_main_process and cfg.logging.progress_bar)
+                      show_progress=accelerator.is_main_process and cfg.logging.progress_bar,
+                      extra_eval_loaders=dict(zip(data.extra_eval, extra_loaders)))
 
 
 def check_monitor(cfg: RunConfig, task: Task) -> None:
@@ -88,7 +92,7 @@ def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:
-    options = plain(cfg.optim)
+    options = as_plain(cfg.optim)
     del options["layer_decay"]  # ours, not the optimizer's
     del options["freeze"]  # applied to the model already: its parameters no longer require grad
     if "fused" in options and options["fused"] is None:
@@ -107,10 +111,16 @@ def debug_subsets(cfg: RunConfig, data: TaskData) -> TaskData:
         n = min(len(data.train), t.overfit_batches * t.batch_size)  # type: ignore[arg-type]
         few = Subset(data.train, range(n))
         lengths = list(data.train_lengths[:n]) if data.train_lengths is not None else None
-        return dataclasses.replace(data, train=few, eval=few, train_lengths=lengths)
+        return dataclasses.replace(data, train=few, eval=few, train_lengths=lengths,
+                                   extra_eval={name: few for name in data.extra_eval})
     if t.limit_eval_batches:
-        n = min(len(data.eval), t.limit_eval_batches * (t.eval_batch_size or t.batch_size))  # type: ignore[arg-type]
-        return dataclasses.replace(data, eval=Subset(data.eval, range(n)))
+        limit = t.limit_eval_batches * (t.eval_batch_size or t.batch_size)
+
+        def first(dataset: Any) -> Subset:
+            return Subset(dataset, range(min(len(dataset), limit)))
+
+        return dataclasses.replace(data, eval=first(data.eval),
+                                   extra_eval={name: first(d) for name, d in data.extra_eval.items()})
     return data
 
 

@@ -22,32 +22,30 @@ from pathlib import Path
 from typing import Any
 
 from app.config import ExportChoice, RunConfig
+from app.config_tree import as_plain
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
-from app.distributed.checkpoint.export import export_shards, write_weights
+from app.distributed.checkpoint.export import write_weights
 from app.distributed.checkpoint.store import (
-    CHECKPOINTS,
     Manifest,
     complete_checkpoints,
     fault_point,
     rotate,
     run_folder_of,
 )
-from app.engine.build import plain
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
+from app.run_layout import EXPORT_FILE, checkpoints_dir, metrics_file
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def config_hash(cfg: RunConfig) -> str:
     """What a checkpoint must have been trained with to be resumed: the task (its data and model)
     and the optimizer type. Folder locations (``*_dir`` task fields) and everything else (epochs,
     learning rate, batch size, processes) may change on resume."""
-    task = {k: v for k, v in plain(cfg.task).items() if not k.endswith("_dir")}
+    task = {k: v for k, v in as_plain(cfg.task).items() if not k.endswith("_dir")}
     payload = json.dumps({"task": task, "optimizer": cfg.optim._target_}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -89,7 +87,7 @@ class CheckpointPolicy:
         self.acc = components.accelerator
         self.state = state
         self.run_dir = run_dir
-        self.root = run_dir / CHECKPOINTS
+        self.root = checkpoints_dir(run_dir)
         self.config_hash = config_hash(cfg)
         self.stopper = stopper
         self.last_saved_step: int | None = None
@@ -124,11 +122,11 @@ class CheckpointPolicy:
         metric = None
         if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
             metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}
-        metrics_file = self.run_dir / METRICS_FILE
+        metrics = metrics_file(self.run_dir)
         metadata = {
             "step": state.global_step, "epoch": state.epoch, "config_hash": self.config_hash, "metric": metric,
             # What metrics.jsonl held at this point: a resumed run cuts it back to exactly this.
-            "metrics_jsonl_bytes": metrics_file.stat().st_size if metrics_file.exists() else 0,
+            "metrics_jsonl_bytes": metrics.stat().st_size if metrics.exists() else 0,
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
         folder = self.acc.save_state(metadata=metadata)
@@ -148,7 +146,7 @@ class CheckpointPolicy:
         acc = self.acc
         if resume == "auto":
             found = bool(complete_checkpoints(self.root)) if acc.is_main_process else None
-            if not acc.backend.broadcast_object(found, src=0):
+            if not acc.broadcast_object(found):
                 log.info("resume=auto: no checkpoint in %s yet, starting a new run", self.root)
                 return None
             source = self.run_dir
@@ -163,14 +161,14 @@ class CheckpointPolicy:
         # The loaders re-derived their position from samples consumed (the global batch may differ
         # from the checkpoint's); the loop counts in this run's batches.
         loader = self.c.train_loader
-        self.state.batches_in_epoch = loader.position if loader.batch_sampler.epoch == self.state.epoch else 0
+        self.state.batches_in_epoch = loader.position if loader.epoch == self.state.epoch else 0
         if acc.is_main_process:
             self._cut_metrics(manifest)
         return manifest
 
     def _cut_metrics(self, manifest: Manifest) -> None:
         """Drop what the interrupted run logged after the checkpoint, so no step appears twice."""
-        path = self.run_dir / METRICS_FILE
+        path = metrics_file(self.run_dir)
         size = manifest.extra.get("metrics_jsonl_bytes")
         same_run = run_folder_of(Path(manifest.folder)).resolve() == self.run_dir.resolve()
         if same_run and isinstance(size, int) and path.exists() and path.stat().st_size > size:
@@ -202,7 +200,7 @@ class CheckpointPolicy:
             for path, saved in complete_checkpoints(self.root):
                 if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor:
                     found = (str(path), saved)
-        found = self.acc.backend.broadcast_object(found, src=0)
+        found = self.acc.broadcast_object(found)
         if found is None:
             log.warning("the best evaluation (%s = %s) has no checkpoint (it fell between saves): exporting the "
                         "final weights; save a checkpoint at every evaluation to export the best",
@@ -225,9 +223,6 @@ def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[
     return kwargs
 
 
-EXPORT_FILE = "export.json"
-
-
 def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = None) -> None:
     """Write the final model to ``folder`` atomically: weights (``model.safetensors`` or shards, with
     the unwrapped model's key names; the weight average with trainer.ema_decay) and the task's
@@ -241,7 +236,7 @@ def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = 
     with c.evaluation_weights():
         # Every process gathers (FSDP2); the tensors may be the live parameters, so they are written
         # before the training weights come back. Written plainly: the folder is published whole, below.
-        shards = export_shards(acc.backend, c.model, temporary)
+        shards = acc.model_shards(c.model, temporary)
         if acc.is_main_process:
             temporary.mkdir(parents=True)
             write_weights(temporary, shards, safe=True, each_file_atomic=False)

@@ -15,10 +15,9 @@ from app.engine.checkpoint import CheckpointPolicy
 from app.engine.checkpoint_resume import is_model_folder
 from app.engine.loop import LoopState, evaluate
 from app.engine.progress import human_metrics
+from app.run_layout import EVAL_METRICS_FILE
 
 log = logging.getLogger(__name__)
-
-EVAL_METRICS_FILE = "eval_metrics.json"
 
 
 def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
@@ -34,7 +33,7 @@ def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
         if is_model_folder(source):
             # An export holds the weights that were evaluated (the average, with trainer.ema_decay).
             components.weight_average = None
-            accelerator.backend.checkpoint_io.load_model(components.model, source, "model")
+            accelerator.load_model(components.model, source)
         else:
             # The checkpoint's own layout (weights, optimizer, weight average...), read only.
             policy = CheckpointPolicy(cfg, components, LoopState(), build_early_stopping(cfg), run_dir)

@@ -8,9 +8,11 @@ device type or a collective backend.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -19,8 +21,10 @@ from torch import nn
 
 from app.config import RunConfig
 from app.distributed import Accelerator
+from app.distributed.step_flags import StepFlag
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
+from app.engine.pruning import NoPruning, Pruning
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
@@ -100,6 +104,11 @@ class Components:
     """Progress bars (training and evaluation): logging.progress_bar, on the main process only."""
     profiler: Any = None
     """A ``torch.profiler.profile`` stepped after every optimizer step (trainer.profile_steps)."""
+    pruning: Pruning = field(default_factory=NoPruning)
+    """A pruned sweep's trial reports each evaluation to its study (``app.engine.pruning``)."""
+    extra_eval_loaders: dict[str, Any] = field(default_factory=dict)
+    """Further evaluation sets by name (``TaskData.extra_eval``): evaluated after ``eval_loader``, their
+    metrics reported as ``eval/<metric>_<name>`` (GLUE MNLI: ``mm``, ``eval/accuracy_mm``)."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -120,34 +129,63 @@ def total_optimizer_steps(cfg: RunConfig, num_batches: int) -> int:
 
 @torch.no_grad()
 def evaluate(c: Components) -> dict[str, float]:
-    """Metrics over the whole evaluation set, from predictions gathered across processes with the
-    padding duplicates removed.
+    """Metrics over the whole evaluation set (and each further one, its keys suffixed with its name),
+    from predictions gathered across processes with the padding duplicates removed.
 
     Only the main process keeps the gathered predictions and computes the metrics, which it then
     shares with the others: the evaluation set's logits are held once, not once per process (the
     other processes drop each batch's gathered copy at once)."""
     acc = c.accelerator
-    keep = acc.is_main_process
     c.model.eval()
+    metrics: dict[str, float] = {}
+    with c.evaluation_weights():
+        for suffix, loader in (("", c.eval_loader), *((f"_{n}", d) for n, d in c.extra_eval_loaders.items())):
+            metrics.update({f"eval/{k}{suffix}": v for k, v in evaluate_set(c, loader, suffix).items()})
+    c.model.train()
+    return acc.broadcast_object(metrics if acc.is_main_process else None)
+
+
+def evaluate_set(c: Components, loader: Any, suffix: str) -> dict[str, float]:
+    """One evaluation set's metrics (keys without prefix) on the main process; {} on the others."""
+    acc = c.accelerator
+    keep = acc.is_main_process
     logits, labels = [], []
     gathered_samples = 0
-    with c.evaluation_weights():
-        for batch in with_progress(c.eval_loader, c.show_progress, desc="eval"):
-            out = c.task.step(c.model, batch)
-            batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
-            gathered_samples += len(batch_labels)
-            if keep:
-                logits.append(batch_logits.cpu())
-                labels.append(batch_labels.cpu())
-    c.model.train()
-    expected = c.eval_loader.total_dataset_length
+    for batch in with_progress(loader, c.show_progress, desc="eval" + suffix.replace("_", " ")):
+        out = c.task.step(c.model, batch)
+        batch_logits, batch_labels = acc.gather_for_metrics((out.logits.float(), out.labels))
+        gathered_samples += len(batch_labels)
+        if keep:
+            logits.append(batch_logits.cpu())
+            labels.append(batch_labels.cpu())
+    expected = loader.total_dataset_length
     if gathered_samples != expected:
         raise RuntimeError(f"evaluation gathered {gathered_samples} predictions for {expected} samples.")
-    metrics: dict[str, float] | None = None
-    if keep:
-        metrics = {f"eval/{k}": v for k, v in c.task.compute_metrics(torch.cat(logits), torch.cat(labels)).items()}
-        metrics["eval/num_samples"] = gathered_samples
-    return acc.backend.broadcast_object(metrics, src=0)
+    if not keep:
+        return {}
+    metrics = c.task.compute_metrics(torch.cat(logits), torch.cat(labels))
+    return {**metrics, "num_samples": gathered_samples}
+
+
+class StopReason(enum.Enum):
+    """Why training stopped. Each member's value is the sentence it prints (the progress bar's last
+    line, the log's "stopped: ..." and ``result.json``'s ``stop_reason``), its fields filled by
+    :meth:`sentence`. Decided in one place per kind: :meth:`Training.should_stop` after each optimizer
+    step, the budget at an epoch's end, early stopping at an evaluation, the signal's name in ``fit``."""
+
+    max_steps = "reached {total_steps} optimizer steps"
+    max_epochs = "reached {max_epochs} epochs"
+    no_improvement = "{monitor} did not improve for {evaluations} evaluations (best {best})"
+    non_finite_loss = NON_FINITE_LOSS + " {loss} at step {step}"
+    interrupted = "interrupted"
+    """A signal reached a process; once the processes agree which signal, ``signalled`` says it."""
+    signalled = "interrupted by {signal} at step {step}"
+    another_process = "stop requested by another process"
+    pruned = "{why}"
+    """A pruned sweep's pruner stopped the trial; its link (``Components.pruning``) says why."""
+
+    def sentence(self, **fields: Any) -> str:
+        return str(self.value).format(**fields)
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
@@ -160,57 +198,42 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     total_steps = total_optimizer_steps(cfg, len(c.train_loader))
     progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
     try:
-        train(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps)
+        train(Training(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps))
         # Every process learns whether any was signalled (one all-reduce per run).
         signalled = interrupts.received if interrupts is not None else None
-        agreed = int(acc.backend.all_reduce(torch.tensor([float(signalled or 0)]).to(acc.device), "max").item())
+        agreed = int(acc.reduce(torch.tensor([float(signalled or 0)], device=acc.device), reduction="max").item())
         if agreed:
             state.stop_signal = agreed
-            state.stop_reason = f"interrupted by {signal_name(agreed)} at step {state.global_step}"
+            state.stop_reason = StopReason.signalled.sentence(signal=signal_name(agreed), step=state.global_step)
     finally:
         progress.close(state.stop_reason)
     # The final state, so that a resumed run (or one with trainer.max_steps raised) continues exactly
     # where this one ended; saved before the final evaluation, which draws from the random streams.
     checkpoints.on_train_end(state)
     if state.stop_signal is None and state.last_eval_step != state.global_step:
-        # The run ended between evaluations: measure the final weights too.
-        run_evaluation(c, state, stopper, may_stop=False)
+        # The run ended between evaluations: measure the final weights too (training is over: no stop).
+        run_evaluation(c, state, stopper)
     return state
 
 
-def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping, checkpoints: CheckpointHook,
-          interrupts: StopSignals | None, progress: Progress, total_steps: int) -> None:
-    acc, model, optimizer, scheduler = c.accelerator, c.model, c.optimizer, c.scheduler
-    t = cfg.trainer
-    eval_every, log_every, max_grad_norm = t.eval_every_n_steps, t.log_every_n_steps, t.max_grad_norm
-    global_batch = c.train_loader.batch_size * acc.num_processes
-    several_processes = acc.num_processes > 1
-    # A signal may reach one process only: on several, they agree after every step, one step late (an
-    # asynchronous host all-reduce, read at the next step: no wait, no device sync).
-    signals_seen = acc.backend.step_flag() if interrupts is not None and several_processes else None
-    batches_per_epoch = len(c.train_loader)
-    # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
-    running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
-    window_start = time.perf_counter()
-    window_samples = 0
-    inject_fault = fault_point(acc.process_index, interrupts)  # drills only: see app/engine/faults.py
+def train(run: Training) -> None:
+    """Epochs of micro-batches until a stop is decided. After every optimizer step, its bookkeeping
+    (:meth:`Training.on_optimizer_step`: logging, evaluation, checkpoints) and the one decision whether
+    every process stops there (:meth:`Training.should_stop`)."""
+    c, state = run.c, run.state
+    acc, model, optimizer, scheduler, task = c.accelerator, c.model, c.optimizer, c.scheduler, c.task
+    max_grad_norm, running_loss = run.max_grad_norm, run.running_loss
     # Built once: model.parameters() walks every module, a few per cent of a small model's step.
     # Parameters keep their identity during training (FSDP2 shards them when the model is prepared;
     # checkpoints and weight averages copy into them).
     parameters = list(model.parameters())
     model.train()
-
-    # max_epochs <= 0 leaves the end to max_steps (the config refuses runs with neither).
-    while ((t.max_epochs <= 0 or state.epoch < t.max_epochs) and state.global_step < total_steps
-           and state.stop_reason is None):
-        c.train_loader.set_epoch(state.epoch)
-        loader = c.train_loader
-        if state.batches_in_epoch:
-            loader = acc.skip_first_batches(c.train_loader, state.batches_in_epoch)
-        for batch in loader:
+    run.check_budget()
+    while run.stop is None:
+        for batch in run.epoch_batches():
             with acc.accumulate(model):
                 sync = acc.sync_gradients  # decided for this micro-batch by accumulate
-                out = c.task.step(model, batch)
+                out = task.step(model, batch)
                 acc.backward(out.loss)
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
@@ -218,88 +241,188 @@ def train(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStoppin
                 scheduler.step()
                 optimizer.zero_grad()
             state.batches_in_epoch += 1
-            window_samples += global_batch
-            # Accumulated on the device: no host sync per step.
-            running_loss += out.loss.detach()
+            running_loss += out.loss.detach()  # accumulated on the device: no host sync per step
             state.loss_batches += 1
-            if not sync:
-                continue
-
-            state.global_step += 1
-            if c.weight_average is not None:
-                c.weight_average.update()
-            if inject_fault is not None:
-                inject_fault(state.global_step)
-            progress.update()
-            if c.profiler is not None:
-                c.profiler.step()
-            decision_point = False
-            metrics: dict[str, float] | None = None
-
-            if state.global_step % log_every == 0:
-                decision_point = True
-                # Divided on the host, and reduced only when there is more than one process: this step
-                # runs with cold caches, where each tensor op and call costs several times its warm price.
-                summed = acc.reduce(running_loss, reduction="mean") if several_processes else running_loss
-                loss = summed.item() / state.loss_batches
-                elapsed = time.perf_counter() - window_start
-                train_metrics = {
-                    "train/loss": loss,
-                    # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
-                    "train/lr": max(scheduler.get_last_lr()),
-                    "train/samples_per_s": window_samples / max(elapsed, 1e-9),
-                    "epoch": state.epoch,
-                }
-                acc.log(train_metrics, step=state.global_step)
-                progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
-                running_loss.zero_()
-                state.loss_batches = 0
-                window_start, window_samples = time.perf_counter(), 0
-                if not math.isfinite(loss) and state.non_finite_loss_step is None:
-                    state.non_finite_loss_step = state.global_step
-                if cfg.early_stopping.stop_on_nan and not math.isfinite(loss):
-                    state.stop_reason = f"{NON_FINITE_LOSS} {loss} at step {state.global_step}"
-                    acc.set_trigger()
-
-            if eval_every is not None and state.global_step % eval_every == 0:
-                decision_point = True
-                metrics = run_evaluation(c, state, stopper)
-
-            checkpoints.on_step_end(state, metrics)
-
-            if signals_seen is not None:
-                if signals_seen.post(interrupts is not None and interrupts.received is not None):
-                    state.stop_reason = state.stop_reason or "interrupted"
-                    break
-            elif interrupts is not None and interrupts.received is not None and state.stop_reason is None:
-                state.stop_reason = "interrupted"
+            if sync and run.should_stop(run.on_optimizer_step()):
                 break
-            if decision_point and acc.check_trigger():
-                state.stop_reason = state.stop_reason or "stop requested by another process"
-                break
-            if state.global_step >= total_steps:
-                break
+        run.on_epoch_end()
+    run.close()
 
-        if state.batches_in_epoch >= batches_per_epoch:
+
+class Training:
+    """One ``train()``: what it keeps beside the LoopState (settings, the logging window, the per-step
+    hooks in use, how a signal is seen) and its decisions: what an optimizer step records
+    (:meth:`on_optimizer_step`), whether to stop after it (:meth:`should_stop`), what an epoch's end
+    does (:meth:`on_epoch_end`) and when the step and epoch budget is spent (:meth:`check_budget`)."""
+
+    def __init__(self, c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
+                 checkpoints: CheckpointHook, interrupts: StopSignals | None, progress: Progress, total_steps: int):
+        acc, t = c.accelerator, cfg.trainer
+        self.c, self.acc, self.state, self.stopper, self.checkpoints = c, acc, state, stopper, checkpoints
+        self.progress, self.total_steps, self.max_epochs = progress, total_steps, t.max_epochs
+        self.log_every, self.eval_every, self.max_grad_norm = t.log_every_n_steps, t.eval_every_n_steps, t.max_grad_norm
+        self.stop_on_nan = cfg.early_stopping.stop_on_nan
+        self.several_processes = acc.num_processes > 1
+        self.global_batch = c.train_loader.batch_size * acc.num_processes
+        self.batches_per_epoch = len(c.train_loader)
+        self.stop: StopReason | None = None
+        """The decision, once taken (``state.stop_reason`` holds its sentence)."""
+        # A signal may reach one process only: on several, they agree after every step, one step late (an
+        # asynchronous host all-reduce, read at the next step: no wait, no device sync).
+        self.signals = acc.step_flag() if interrupts is not None and self.several_processes else None
+        self.signal_seen = _signal_check(interrupts, self.signals)
+        self.interrupts = interrupts
+        # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
+        self.running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
+        # The logging window: since when, and from which of state.loss_batches (a resumed window began
+        # before this run).
+        self.window_start, self.window_first_batch = time.perf_counter(), state.loss_batches
+        self.step_hooks = self._step_hooks()
+
+    def _step_hooks(self) -> tuple[Callable[[], object], ...]:
+        """What runs after every optimizer step, in this order; only those in use (nothing is called
+        for a feature that is off)."""
+        c, state = self.c, self.state
+        inject_fault = fault_point(self.acc.process_index, self.interrupts)  # drills only: see app/engine/faults.py
+        hooks = (c.weight_average.update if c.weight_average is not None else None,
+                 (lambda: inject_fault(state.global_step)) if inject_fault is not None else None,
+                 self.progress.update if self.progress.counts else None,
+                 c.profiler.step if c.profiler is not None else None)
+        return tuple(hook for hook in hooks if hook is not None)
+
+    def epoch_batches(self) -> Any:
+        """The training loader at the state's epoch, from where a resumed epoch left off."""
+        loader, state = self.c.train_loader, self.state
+        loader.set_epoch(state.epoch)
+        return self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+
+    def on_optimizer_step(self) -> bool:
+        """Count the step, run the per-step hooks, log the training loss every log_every_n_steps,
+        evaluate every eval_every_n_steps, then the checkpoint policy's turn. Returns whether the step
+        logged or evaluated: only then may a stop trigger have been raised (a decision point)."""
+        state = self.state
+        state.global_step += 1
+        for hook in self.step_hooks:
+            hook()
+        logged = state.global_step % self.log_every == 0
+        if logged:
+            self.log_training_loss(state.global_step)
+        if self.eval_every is not None and state.global_step % self.eval_every == 0:
+            self.checkpoints.on_step_end(state, self.evaluate())
+            return True
+        self.checkpoints.on_step_end(state, None)
+        return logged
+
+    def should_stop(self, decision_point: bool) -> bool:
+        """Whether every process stops after this optimizer step: a signal (seen by any process), a
+        stop trigger raised at a decision point by any process (early stopping, a non-finite loss; one
+        all-reduce), or max_steps (whose reason the epoch's end gives, after its evaluation). A reason
+        already decided is kept."""
+        if self.signal_seen is not None and self.signal_seen():
+            self.stop_unless_decided(StopReason.interrupted)
+            return True
+        if decision_point and self.acc.check_trigger():
+            self.stop_unless_decided(StopReason.another_process)
+            return True
+        return self.state.global_step >= self.total_steps
+
+    def on_epoch_end(self) -> None:
+        """After an epoch's batches, or a stop inside it: a completed epoch is counted and, unless
+        training stops, evaluated (with evaluations per epoch) and offered to the checkpoint policy;
+        then the budget."""
+        state = self.state
+        if state.batches_in_epoch >= self.batches_per_epoch:
             state.epoch += 1
             state.batches_in_epoch = 0
-            if state.stop_reason is None:
-                metrics = run_evaluation(c, state, stopper) if eval_every is None else None
-                checkpoints.on_epoch_end(state, metrics)
-                if metrics is not None and acc.check_trigger():
-                    state.stop_reason = state.stop_reason or "stop requested by another process"
-        if state.stop_reason is None and state.global_step >= total_steps:
-            state.stop_reason = f"reached {total_steps} optimizer steps"
+            if self.stop is None:
+                metrics = self.evaluate() if self.eval_every is None else None
+                self.checkpoints.on_epoch_end(state, metrics)
+                if metrics is not None and self.acc.check_trigger():
+                    self.stop_unless_decided(StopReason.another_process)
+        self.check_budget()
 
-    if signals_seen is not None:
-        signals_seen.close()  # the last step's flag (a signal then is read by fit's final agreement)
-    if state.stop_reason is None:
-        state.stop_reason = (f"reached {total_steps} optimizer steps" if state.global_step >= total_steps
-                             else f"reached {t.max_epochs} epochs")
+    def check_budget(self) -> None:
+        """Stop when trainer.max_steps, else trainer.max_epochs, is used up (max_epochs <= 0 leaves
+        the end to max_steps; the config refuses runs with neither)."""
+        if self.stop is not None:
+            return
+        if self.state.global_step >= self.total_steps:
+            self.stop_for(StopReason.max_steps, total_steps=self.total_steps)
+        elif 0 < self.max_epochs <= self.state.epoch:
+            self.stop_for(StopReason.max_epochs, max_epochs=self.max_epochs)
+
+    def log_training_loss(self, step: int) -> None:
+        """The mean training loss since the last log line (one host read), the learning rate and the
+        throughput; a loss that is not finite is recorded, and stops training with stop_on_nan."""
+        acc, state = self.acc, self.state
+        # Divided on the host, and reduced only when there is more than one process: this step
+        # runs with cold caches, where each tensor op and call costs several times its warm price.
+        summed = acc.reduce(self.running_loss, reduction="mean") if self.several_processes else self.running_loss
+        loss = summed.item() / state.loss_batches
+        elapsed = time.perf_counter() - self.window_start
+        train_metrics = {
+            "train/loss": loss,
+            # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
+            "train/lr": max(self.c.scheduler.get_last_lr()),
+            "train/samples_per_s": (state.loss_batches - self.window_first_batch) * self.global_batch / max(elapsed, 1e-9),
+            "epoch": state.epoch,
+        }
+        acc.log(train_metrics, step=step)
+        self.progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
+        self.running_loss.zero_()
+        state.loss_batches = 0
+        self.window_start, self.window_first_batch = time.perf_counter(), 0
+        if not math.isfinite(loss):
+            if state.non_finite_loss_step is None:
+                state.non_finite_loss_step = step
+            if self.stop_on_nan:
+                self.stop_for(StopReason.non_finite_loss, loss=loss, step=step)
+                acc.set_trigger()
+
+    def evaluate(self) -> dict[str, float]:
+        """An evaluation during training; early stopping may decide to stop (every process, through
+        the trigger)."""
+        metrics, no_improvement = run_evaluation(self.c, self.state, self.stopper)
+        if no_improvement:
+            stopper = self.stopper
+            self.stop_for(StopReason.no_improvement, monitor=stopper.monitor, evaluations=stopper.bad_evaluations,
+                          best=human(stopper.best))
+            self.acc.set_trigger()
+        # A pruned sweep's trial reports every scheduled evaluation to its study, which may stop it.
+        pruned = self.c.pruning.after_evaluation(self.state.global_step, self.state.epoch, metrics,
+                                                 self.stop is not None)
+        if pruned is not None:
+            self.stop_for(StopReason.pruned, why=pruned)
+            self.acc.set_trigger()
+        return metrics
+
+    def stop_for(self, reason: StopReason, **fields: Any) -> None:
+        """Decide to stop for ``reason`` (a later reason of the same step replaces an earlier one)."""
+        self.stop = reason
+        self.state.stop_reason = reason.sentence(**fields)
+
+    def stop_unless_decided(self, reason: StopReason) -> None:
+        if self.stop is None:
+            self.stop_for(reason)
+
+    def close(self) -> None:
+        if self.signals is not None:
+            self.signals.close()  # the last step's flag (a signal then is read by fit's final agreement)
 
 
-def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,
-                   may_stop: bool = True) -> dict[str, float]:
+def _signal_check(interrupts: StopSignals | None, flag: StepFlag | None) -> Callable[[], bool] | None:
+    """Whether a stop signal was seen, asked after every step: this process's own (one process), or
+    any process's through the step flag (several). None without interrupts: nothing to ask."""
+    if interrupts is None:
+        return None
+    if flag is None:
+        return lambda: interrupts.received is not None
+    return lambda: flag.post(interrupts.received is not None)
+
+
+def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping) -> tuple[dict[str, float], bool]:
+    """Evaluate, record the metrics in the state, log them; returns them and whether early stopping
+    says to stop."""
     acc = c.accelerator
     metrics = evaluate(c)
     metrics["epoch"] = state.epoch
@@ -307,8 +430,4 @@ def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping,
     state.last_eval_step = state.global_step
     acc.log(metrics, step=state.global_step)
     log.info("step %d: %s", state.global_step, human_metrics(metrics, prefix="eval/"))
-    if stopper.update(metrics) and may_stop:
-        state.stop_reason = (f"{stopper.monitor} did not improve for {stopper.bad_evaluations} evaluations "
-                             f"(best {human(stopper.best)})")
-        acc.set_trigger()
-    return metrics
+    return metrics, stopper.update(metrics)

@@ -1,9 +1,9 @@
 """Predictions on a task's unlabeled test split, after training (``task.predict_test=true``).
 
 A task that offers it is a :class:`app.tasks.base.PredictsTest`: ``test_dataset()``,
-``predict(model, batch)`` (logits) and ``write_predictions(predictions, path)``; every process
-predicts its share of the split, the predictions are gathered in file order (padding duplicates
-dropped), and the main process writes.
+``predict(model, batch)`` (its outputs, e.g. logits) and ``write_predictions(outputs, path)``; every
+process predicts its share of the split, the outputs are gathered in file order (padding duplicates
+dropped), and the main process turns them into predictions and writes them.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from app.tasks.base import PredictsTest
 
 log = logging.getLogger(__name__)
 
-PREDICTIONS_FILE = "test_predictions.tsv"
-
 
 @torch.no_grad()
 def write_test_predictions(c: Components, path: Path) -> None:
@@ -31,16 +29,16 @@ def write_test_predictions(c: Components, path: Path) -> None:
                           "does not.")
     dataset = task.test_dataset()
     loader = DataLoader(dataset, batch_size=c.eval_loader.batch_size, shuffle=False,
-                        collate_fn=c.eval_loader.base_dataloader.collate_fn)
+                        collate_fn=c.eval_loader.collate_fn)
     loader = acc.prepare(loader)
     predictions = []
     c.model.eval()
     with c.evaluation_weights():
         for batch in loader:
-            logits = task.predict(c.model, batch)
-            predictions.append(acc.gather_for_metrics(logits.argmax(dim=-1)).cpu())
+            outputs = task.predict(c.model, batch)
+            predictions.append(acc.gather_for_metrics(outputs.float()).cpu())
     c.model.train()
     if acc.is_main_process:
-        task.write_predictions(torch.cat(predictions).tolist(), path)
+        task.write_predictions(torch.cat(predictions), path)
         log.info("wrote %d test predictions to %s", len(dataset), path)
     acc.wait_for_everyone()

@@ -13,10 +13,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-RESULT_FILE = "result.json"
+from app.run_layout import RESULT_FILE, result_file
 
 FINISHED = "finished"
 """Training ended normally (steps, epochs or early stopping); ``best`` is the objective."""
+PRUNED = "pruned"
+"""Stopped by a pruned sweep (``hydra.sweeper.pruner``) as clearly worse than its other trials: an early
+stop that exported its best, told to the study as pruned, never the sweep's best."""
 NAN = "nan"
 """Stopped because the training loss was not finite: reported to a search as a failed trial."""
 FAILED = "failed"
@@ -31,13 +34,13 @@ def write_result(run_dir: Path, **fields: Any) -> None:
     plain = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in fields.items()}
     temporary = run_dir / f".{RESULT_FILE}.tmp"
     temporary.write_text(json.dumps(plain, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(temporary, run_dir / RESULT_FILE)
+    os.replace(temporary, result_file(run_dir))
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
     """result.json as a dict, or None when the run left none (or an unreadable one)."""
     try:
-        loaded = json.loads((run_dir / RESULT_FILE).read_text(encoding="utf-8"))
+        loaded = json.loads(result_file(run_dir).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return loaded if isinstance(loaded, dict) else None

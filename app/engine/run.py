@@ -5,26 +5,28 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from app.config import ConfigError, RunConfig, RunMode
+from app.config_tree import as_plain
 from app.distributed import Accelerator
-from app.distributed.checkpoint.rng import preserved_rng
-from app.distributed.checkpoint.store import CHECKPOINTS, complete_checkpoints
+from app.distributed.checkpoint.store import complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
-from app.engine.build import build_accelerator, build_components, build_early_stopping, plain
+from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
-from app.engine.predict import PREDICTIONS_FILE, write_test_predictions
+from app.engine.predict import write_test_predictions
 from app.engine.progress import human
-from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, RESULT_FILE, objective, write_result
+from app.engine.pruning import Pruning
+from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, objective, write_result
 from app.engine.summary import model_summary
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
-from app.run_folder import write_hydra_record
+from app.run_layout import PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +38,25 @@ def profiling(cfg: RunConfig, accelerator: Accelerator, run_dir: Path) -> contex
     if not steps:
         return contextlib.nullcontext()
     schedule = {"wait": 1, "warmup": 1, "active": steps, "repeat": 1}
-    log.info("profiling optimizer steps 3 to %d; the trace goes to %s", 2 + steps, run_dir / "profile")
+    log.info("profiling optimizer steps 3 to %d; the trace goes to %s", 2 + steps, profile_dir(run_dir))
     return accelerator.profile(ProfileKwargs(schedule_option=schedule, record_shapes=True,
-                                             output_trace_dir=str(run_dir / "profile")))
+                                             output_trace_dir=str(profile_dir(run_dir))))
 
 
-def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None,
-        stop_file: Path | None = None) -> float:
+PruningFactory = Callable[[RunConfig, Path, bool], Pruning]
+"""Builds a run's link to its sweep's pruner from (config, run folder, is main process): lent by the
+launching layer (``app.sweeps.trial_pruning.build_pruning``), which knows about sweeps."""
+
+
+def run(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None = None,
+        stop_file: Path | None = None, build_pruning: PruningFactory | None = None) -> float:
     """Train and evaluate; returns the best value of ``early_stopping.monitor`` (the objective of a
     sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
     a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
     saying so as its error).
-    ``hydra_files``: ``.hydra/`` files deferred by a resume, written once it is accepted.
+    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder``), called
+    on the main process once the resume is accepted. ``build_pruning``: a pruned sweep's trial link
+    (none: the run is never pruned).
 
     A first SIGINT/SIGTERM (or the launcher's ``stop_file``) stops training after the current step
     with a checkpoint, then raises :class:`RunInterrupted` (no export). ``mode=eval`` only evaluates
@@ -59,11 +68,11 @@ def run(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None
     if cfg.trainer.deterministic:
         log.info("deterministic algorithms on (trainer.deterministic)")
     with deterministic_algorithms(cfg.trainer.deterministic):
-        return train_and_export(cfg, run_dir, hydra_files, stop_file)
+        return train_and_export(cfg, run_dir, record_config, stop_file, build_pruning)
 
 
-def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None,
-                     stop_file: Path | None) -> float:
+def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None,
+                     stop_file: Path | None, build_pruning: PruningFactory | None = None) -> float:
     started = time.monotonic()
     set_seed(cfg.seed)
     accelerator = build_accelerator(cfg, run_dir)
@@ -82,16 +91,17 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
 
     try:
         components = build_components(cfg, accelerator)
+        if build_pruning is not None:  # a pruned sweep's trial
+            components.pruning = build_pruning(cfg, run_dir, accelerator.is_main_process)
         checkpoints = CheckpointPolicy(cfg, components, state, stopper, run_dir)
         resumed = checkpoints.resume(cfg.resume)
         if accelerator.is_main_process:
-            if hydra_files is not None:
-                write_hydra_record(run_dir, hydra_files)  # only now: a refused resume leaves the folder as it was
+            if record_config is not None:
+                record_config()  # only now: a refused resume leaves the folder as it was
             # An earlier segment's result no longer describes the folder once training goes on.
-            (run_dir / RESULT_FILE).unlink(missing_ok=True)
-        with preserved_rng(accelerator.backend):
-            accelerator.init_trackers(cfg.logging.project_name, config=plain(cfg),
-                                      init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
+            result_file(run_dir).unlink(missing_ok=True)
+        accelerator.init_trackers(cfg.logging.project_name, config=as_plain(cfg),
+                                  init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision),
@@ -114,9 +124,11 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
         if cfg.predicts_test:
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
-            export_model(components, run_dir / "model", metadata)
-        record(FINISHED)
-        return objective(stopper.best, FINISHED)
+            export_model(components, model_dir(run_dir), metadata)
+        # A pruned trial stopped as on an early stop and exported alike; only its status says pruned.
+        status = FINISHED if components.pruning.pruned_at is None else PRUNED
+        record(status)
+        return objective(stopper.best, status)
     except ConfigError:
         raise  # refused input, reported as such: the run never started
     except RunInterrupted:
@@ -141,7 +153,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] 
 
 def diverged(state: LoopState, run_dir: Path) -> str:
     """The one-sentence end of a run whose loss or weights stopped being finite (nothing exported)."""
-    checkpoints = complete_checkpoints(run_dir / CHECKPOINTS)
+    checkpoints = complete_checkpoints(checkpoints_dir(run_dir))
     where = (f"the last finite checkpoint is {checkpoints[-1][0]} (step {checkpoints[-1][1].step})" if checkpoints
              else "no checkpoint was saved before it")
     when = (f"the training loss was not finite at step {state.non_finite_loss_step}"

@@ -10,9 +10,10 @@ that runs inside a worker is ``app/engine/``.
   sweep (``srun python -m app ...``), followed with ``squeue`` until it ends;
 - ``overrides.py``: reading and quoting ``key=value`` overrides on the raw command line;
 - ``launch.py``: validate, then run here or start the workers (``launch``), and each worker's logging;
-- ``processes.py``: the one way to start N local processes (torch's elastic launcher), for
-  ``python -m app``, the tests, the benchmarks and ``app.distributed.notebook_launcher``;
-- ``worker_errors.py``: which rank's error a failed multi-process run reports;
+- ``processes.py``: ``python -m app``'s workers (also the tests' and the benchmarks'), started from a fork
+  server by ``app/worker_processes.py`` (the one way to start N local processes with torch's elastic
+  launcher, and which rank's error a failed run reports; below ``app.distributed``, whose
+  ``notebook_launcher`` uses it too; ``worker_errors.py`` keeps its old names importable);
 - ``worker_watchdog.py``: survivors of a failed rank get a short grace, then SIGKILL; a hung rank is named.
 
 Nothing is imported here, so reading the command line stays as light as its module.

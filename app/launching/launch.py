@@ -8,6 +8,7 @@ INFO (to the console and the run's log file); other ranks log warnings and error
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -20,9 +21,11 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig
 from app.configure import validate
+from app.console import in_parallel_job
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
-from app.launching.worker_errors import WorkerFailed, call_blaming_the_cause
+from app.run_folder import write_hydra_record
+from app.worker_processes import WorkerFailed, call_blaming_the_cause
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
 
 
 def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -> float | None:
+    # The engine writes them through this callable: it knows when, the run folder's code how.
+    record_config = functools.partial(write_hydra_record, run_dir, hydra_files) if hydra_files is not None else None
     from app.launching.slurm import requeued, srun_rank
 
     adopt_slurm_layout()  # a submitit job does not pass through app.__main__
@@ -82,8 +87,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     from app.distributed.hardware import hardware_spec
 
     if world is not None:
-        from app.engine.run import run
-
+        run = engine_run()
         # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder
         # (app.launching.torchrun); only rank 0 kept Hydra's logging.
         rank = int(os.environ["RANK"])
@@ -96,30 +100,34 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
         # that its error file stays empty, then exits 130/143 like a single process.
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, hydra_files))
+        return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, record_config))
     workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
     if workers == 0:
-        from app.engine.run import run
-
-        return run(cfg, run_dir, hydra_files)
+        return engine_run()(cfg, run_dir, record_config)
     with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
         stop_file = Path(stop_dir) / "signal"
         # Signalled, the launcher tells the workers through the stop file and waits for their
         # checkpoint instead of killing them (torch's launcher would: it is told to leave both signals).
         with StopSignals(stop_file, forward=True, announce=False):
-            results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), hydra_files, str(stop_file)),
+            results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), record_config, str(stop_file)),
                                        nprocs=workers, collective_timeout_s=cfg.hardware.collective_timeout_s,
                                        leave_stop_signals=True)
     return _reraise(results[0])
 
 
 def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None,
-               hydra_files: dict[str, str] | None = None, stop_file: str | None = None) -> Any:
+               record_config: Callable[[], None] | None = None, stop_file: str | None = None) -> Any:
     """Entry point of each worker that ``launch`` starts: set up logging, then run the job."""
-    from app.engine.run import run
-
     configure_worker_logging(int(os.environ["RANK"]), log_file)
-    return _interruptible(run, cfg, Path(run_dir), hydra_files, Path(stop_file) if stop_file else None)
+    return _interruptible(engine_run(), cfg, Path(run_dir), record_config, Path(stop_file) if stop_file else None)
+
+
+def engine_run() -> Callable[..., Any]:
+    """The engine's ``run`` with what this layer lends it: the link of a pruned sweep's trial to its study."""
+    from app.engine.run import run
+    from app.sweeps.trial_pruning import build_pruning
+
+    return functools.partial(run, build_pruning=build_pruning)
 
 
 def _interruptible(fn: Callable[..., Any], *args: Any) -> Any:
@@ -160,7 +168,9 @@ def configure_worker_logging(rank: int, log_file: str | None) -> None:
     for handler in list(root.handlers):
         root.removeHandler(handler)
     formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
+    # In a parallel sweep's job the terminal is shared: the log goes to the run's log file only.
+    handlers: list[logging.Handler] = [logging.NullHandler() if in_parallel_job() else
+                                       logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
     if rank == 0 and log_file is not None:
         handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
     for handler in handlers:

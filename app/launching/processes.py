@@ -1,88 +1,34 @@
-"""Start N local processes with torch's elastic launcher and get each one's result, or one
-:class:`~app.launching.worker_errors.WorkerFailed` naming the rank that failed.
-
-:func:`start_processes` is the one place that turns a layout into torch's ``LaunchConfig``; both
-``python -m app``'s workers (:func:`run_on_processes`, also used by the tests and the benchmarks) and
-``app.distributed.notebook_launcher`` go through it.
+"""The workers of ``python -m app`` (:func:`run_on_processes`, also used by the tests and the
+benchmarks): N local processes started by ``app.worker_processes.start_processes`` (the one place that
+turns a layout into torch's ``LaunchConfig``, also behind ``app.distributed.notebook_launcher``) from a
+fork server, watched so that a failed or hung rank is named (:class:`~app.worker_processes.WorkerFailed`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import multiprocessing
 import os
 import signal
-import socket
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.launching.worker_errors import WorkerFailed, call_blaming_the_cause, worker_failure
 from app.launching.worker_watchdog import Watchdog, record_pid
+from app.worker_processes import (
+    WorkerFailed,
+    available_cores,
+    call_blaming_the_cause,
+    free_port,  # noqa: F401 - its old home: tests and callers import it from here
+    start_processes,
+)
 
 SHUTDOWN_GRACE_S = 5.0
 """How long the other workers of a failed run get to exit by themselves before SIGKILL."""
 ALL_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 """What torch's launcher handles by default: it stops the workers on any of them."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("localhost", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, *, start_method: str,
-                    num_nodes: int = 1, rdzv_backend: str = "c10d", rdzv_endpoint: str | None = None,
-                    rdzv_configs: dict[str, Any] | None = None, run_id: str | None = None, max_restarts: int = 0,
-                    monitor_interval: float = 0.1, signals: str | None = None,
-                    shutdown_timeout: int | None = None, log_dir: str | None = None) -> list[Any]:
-    """Run ``fn(*args)`` on ``nprocs`` processes of this machine (``num_nodes`` machines in all) and
-    return what each returned, in local rank order. When one raises or dies the launcher stops the
-    others and this raises :class:`WorkerFailed` for the root cause (``worker_failure``).
-
-    ``rdzv_endpoint`` None: a free local port; ``run_id`` None: a fresh one. ``signals``: the ones
-    torch's launcher handles by stopping the workers (None: its default). ``shutdown_timeout``: how
-    long the survivors of a failure get after SIGTERM (None: torch's default). ``log_dir``: where the
-    launcher keeps each rank's error file (None: a folder of its own)."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    options: dict[str, Any] = {}
-    if signals is not None:
-        # Older torch reads the variable only; newer sets it from LaunchConfig.signals_to_handle.
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals
-        if "signals_to_handle" in LaunchConfig.__dataclass_fields__:
-            options["signals_to_handle"] = signals
-    if shutdown_timeout is not None:
-        options["shutdown_timeout"] = shutdown_timeout
-    if log_dir is not None:
-        options["logs_specs"] = DefaultLogsSpecs(log_dir=log_dir)
-    config = LaunchConfig(
-        **options,
-        min_nodes=num_nodes,
-        max_nodes=num_nodes,
-        nproc_per_node=nprocs,
-        run_id=run_id if run_id is not None else f"app-{uuid.uuid4().hex[:8]}",
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint if rdzv_endpoint is not None else f"localhost:{free_port()}",
-        rdzv_configs=dict(rdzv_configs or {}),
-        max_restarts=max_restarts,
-        monitor_interval=monitor_interval,
-        start_method=start_method,
-    )
-    # The launcher's own INFO lines (configs, rendezvous) are noise next to the run's log.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    try:
-        results = elastic_launch(config, fn)(*args)
-    except ChildFailedError as err:
-        raise worker_failure(err) from None
-    return [results[rank] for rank in sorted(results)]
 
 
 def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
@@ -124,7 +70,7 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
 
-WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.glue_mrpc", "torch._dynamo"]
+WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.text.task", "torch._dynamo"]
 """What the fork server imports once for all workers: the engine, the tasks (without their optional
 libraries), and ``torch._dynamo``, which torch.optim imports on an optimizer's creation and first
 step whether or not anything is compiled (about as long as importing torch itself)."""
@@ -187,11 +133,13 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = 
     exception's traceback to the error file the parent reads (``worker_failure``)."""
     # The fork server blocks them (start_worker_server): a worker reacts like any Python process.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    from app.console import protect_output
+
+    protect_output()  # a rank's output to a pipe that Ctrl-C closed (| tee) is dropped; the rank goes on
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
         # As torchrun does: processes sharing a machine must not each use every core.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        torch.set_num_threads(max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     record_pid(pid_dir, int(os.environ["RANK"]))
     return call_blaming_the_cause(fn, *args)

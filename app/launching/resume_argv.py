@@ -27,13 +27,14 @@ from pathlib import Path
 from app.engine.checkpoint_resume import is_model_folder
 from app.launching.overrides import override_key, quote, unquote
 from app.launching.slurm import requeued
+from app.run_layout import HYDRA_OVERRIDES, hydra_file
 
 
 def original_overrides(run_folder: Path) -> list[str]:
     """The task overrides Hydra recorded for the run (empty when it recorded none)."""
     import yaml  # type: ignore[import-untyped]
 
-    path = run_folder / ".hydra" / "overrides.yaml"
+    path = hydra_file(run_folder, HYDRA_OVERRIDES)
     try:
         loaded = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):

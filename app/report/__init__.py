@@ -15,9 +15,11 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from app.run_layout import REPORT_FILE, metrics_file, result_file, tensorboard_dir
+
 log = logging.getLogger(__name__)
 
-SWEEP_CSV, SWEEP_MD, SWEEP_PNG, RUN_PNG = "sweep.csv", "sweep.md", "sweep.png", "report.png"
+SWEEP_CSV, SWEEP_MD, SWEEP_PNG, RUN_PNG = "sweep.csv", "sweep.md", "sweep.png", REPORT_FILE
 
 
 class NotAReportFolder(ValueError):
@@ -25,7 +27,7 @@ class NotAReportFolder(ValueError):
 
 
 def is_run_folder(folder: Path) -> bool:
-    return (folder / "metrics.jsonl").exists() or (folder / "result.json").exists()
+    return metrics_file(folder).exists() or result_file(folder).exists()
 
 
 def write_sweep_report(sweep_dir: Path) -> list[Path]:
@@ -42,7 +44,7 @@ def write_sweep_report(sweep_dir: Path) -> list[Path]:
     write_csv(rows, written[0], sweep_dir)
     write_markdown(rows, written[1], sweep_dir)
     plot_sweep(rows, written[2])
-    if any((row.folder / "tensorboard").is_dir() for row in rows):
+    if any(tensorboard_dir(row.folder).is_dir() for row in rows):
         from app.report.hparams import HPARAMS_DIR, write_hparams
 
         write_hparams(rows, sweep_dir)

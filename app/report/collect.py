@@ -9,7 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.engine.result import FINISHED, INTERRUPTED, read_result
+from app.engine.result import FINISHED, INTERRUPTED, PRUNED, read_result
+from app.run_layout import (
+    CHECKPOINTS_DIR,
+    HYDRA_CONFIG,
+    HYDRA_DIR,
+    HYDRA_OVERRIDES,
+    HYDRA_SETTINGS,
+    hydra_file,
+    metrics_file,
+)
 
 MISSING_RESULT = INTERRUPTED
 """A job folder without result.json: killed, preempted, or still running."""
@@ -30,6 +39,11 @@ class JobRow:
     wall_time_s: float | None
     final: dict[str, float] = field(default_factory=dict)
     """The last evaluation's metrics."""
+    task: str | None = None
+    """The job's ``task.name`` (a sweep over ``task=glue_cola,glue_rte,...`` gets one table of tasks)."""
+    at_best: dict[str, float] = field(default_factory=dict)
+    """The metrics of the evaluation where the monitored one was best (what ``checkpoint.export=best``
+    exports)."""
     curve: list[tuple[int, float]] = field(default_factory=list)
     """The monitored metric at each evaluation."""
     losses: list[tuple[int, float]] = field(default_factory=list)
@@ -40,9 +54,14 @@ class JobRow:
         """The job's overrides as key -> value (what a sweep varies)."""
         return dict(o.lstrip("+~").split("=", 1) for o in self.overrides if "=" in o)
 
+    @property
+    def pruned_step(self) -> int | None:
+        """The optimizer step at which a pruned sweep's pruner stopped this job (None: not pruned)."""
+        return self.steps if self.status == PRUNED else None
+
     def objective(self) -> float | None:
         """The best monitored value of a finished job, for ranking; None for a job that failed, ended
-        on a NaN loss or did not finish (they never win a sweep)."""
+        on a NaN loss, was pruned or did not finish (they never win a sweep)."""
         if self.status != FINISHED or self.best is None or not math.isfinite(self.best):
             return None
         return self.best
@@ -66,7 +85,7 @@ def _number(value: Any) -> float | None:
 
 
 def read_events(folder: Path) -> list[dict[str, Any]]:
-    path = folder / "metrics.jsonl"
+    path = metrics_file(folder)
     if not path.exists():
         return []
     events = []
@@ -81,14 +100,14 @@ def read_events(folder: Path) -> list[dict[str, Any]]:
 def job_folders(sweep_dir: Path) -> list[Path]:
     """The job folders of a sweep: those where Hydra saved a job's overrides (any depth, since
     ``hydra.sweep.subdir`` may nest them)."""
-    found = [p.parent.parent for p in sweep_dir.rglob(".hydra/overrides.yaml")]
-    return [f for f in found if f != sweep_dir and "checkpoints" not in f.relative_to(sweep_dir).parts]
+    found = [p.parent.parent for p in sweep_dir.rglob(f"{HYDRA_DIR}/{HYDRA_OVERRIDES}")]
+    return [f for f in found if f != sweep_dir and CHECKPOINTS_DIR not in f.relative_to(sweep_dir).parts]
 
 
 def read_job(folder: Path) -> JobRow:
-    overrides = _yaml(folder / ".hydra" / "overrides.yaml") or []
-    config = _yaml(folder / ".hydra" / "config.yaml") or {}
-    hydra = (_yaml(folder / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+    overrides = _yaml(hydra_file(folder, HYDRA_OVERRIDES)) or []
+    config = _yaml(hydra_file(folder, HYDRA_CONFIG)) or {}
+    hydra = (_yaml(hydra_file(folder, HYDRA_SETTINGS)) or {}).get("hydra", {})
     result = read_result(folder) or {}
     stopping = config.get("early_stopping", {}) if isinstance(config, dict) else {}
     monitor = str(result.get("monitor") or stopping.get("monitor", "eval/accuracy"))
@@ -109,6 +128,9 @@ def read_job(folder: Path) -> JobRow:
         best = pick(v for _, v in finite)
         best_step = next(step for step, v in finite if v == best)
     final = {k: v for k, v in evaluations[-1].items() if k not in ("step", "epoch")} if evaluations else {}
+    at_best = next((e for e in evaluations if best_step is not None and int(e["step"]) == best_step), {})
+    task = config.get("task", {}).get("name") if isinstance(config, dict) and isinstance(config.get("task"), dict) \
+        else None
     steps = result.get("steps")
     if steps is None and events:
         steps = max(int(e["step"]) for e in events if e.get("step") is not None)
@@ -117,6 +139,8 @@ def read_job(folder: Path) -> JobRow:
         status=str(result.get("status", MISSING_RESULT)), monitor=monitor, mode=mode, best=best,
         best_step=best_step, steps=steps, wall_time_s=result.get("wall_time_s"),
         final={k: f for k, v in final.items() if (f := _number(v)) is not None}, curve=curve, losses=losses,
+        task=str(task) if task is not None else None,
+        at_best={k: f for k, v in at_best.items() if k not in ("step", "epoch") and (f := _number(v)) is not None},
     )
 
 

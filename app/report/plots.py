@@ -3,6 +3,7 @@ parameter) and a single run's ``report.png`` (its loss and evaluation metrics ag
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,46 @@ def _as_number(value: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _short(value: str) -> str:
+    """A swept value for a legend: numbers to 3 significant digits (Optuna's floats are long)."""
+    number = _as_number(value)
+    return value if number is None or value.lstrip("-").isdigit() else f"{number:.3g}"
+
+
+def job_label(row: JobRow, keys: list[str]) -> str:
+    """What tells the job apart: its swept values (``optim.lr=0.003``), else its number."""
+    values = ", ".join(f"{key}={_short(row.params[key])}" for key in keys if key in row.params)
+    return values or f"job {row.job}"
+
+
+def log_scale(numbers: list[float]) -> bool:
+    """Whether values read better on a log axis: all positive, spanning a factor of 10 or more, or
+    spread evenly in their logarithm rather than linearly (``1e-3, 3e-3, 1e-2``)."""
+    if not numbers or min(numbers) <= 0:
+        return False
+    distinct = sorted(set(numbers))
+    if distinct[-1] / distinct[0] >= 10:
+        return True
+    if len(distinct) < 3 or distinct[-1] / distinct[0] < 3:
+        return False
+
+    def unevenness(points: list[float]) -> float:
+        gaps = [b - a for a, b in itertools.pairwise(points)]
+        return max(gaps) / min(gaps)
+
+    return unevenness([math.log(n) for n in distinct]) < unevenness(distinct)
+
+
 def plot_sweep(rows: list[JobRow], path: Path) -> None:
+    plt = _pyplot()
+    fig = sweep_figure(rows)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def sweep_figure(rows: list[JobRow]) -> Any:
+    """The monitored metric per job (labelled by its swept values) and the objective against each
+    swept parameter (a log axis where the values are spread that way)."""
     plt = _pyplot()
     keys = swept_keys(rows)
     best = best_row(rows)
@@ -46,8 +86,9 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
         steps, metric = zip(*row.curve)
         is_best = row is best
         curves.plot(steps, metric, marker=".", linewidth=2.6 if is_best else 1.0, alpha=1.0 if is_best else 0.7,
-                    label=f"job {row.job}{' (best)' if is_best else ''}" + ("" if row.status == "finished"
-                                                                             else f" [{row.status}]"))
+                    label=job_label(row, keys) + (" (best)" if is_best else "") + ("" if row.status == "finished"
+                                                                                   else f" [{row.status}]"))
+    _mark_pruned(curves, rows)
     curves.set_xlabel("optimizer step")
     curves.set_ylabel(monitor)
     curves.set_title(f"{monitor} per job")
@@ -56,15 +97,15 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
         curves.legend(fontsize=7)
 
     finished = [r for r in rows if r.objective() is not None]
-    left_out = len(rows) - len(finished)
+    left_out = ", ".join(f"{sum(r.status == status for r in rows if r not in finished)} {status}"
+                         for status in dict.fromkeys(r.status for r in rows if r not in finished))
     for ax, key in zip(axes[1:], keys):
         values = [r.params.get(key, "") for r in finished]
         numbers = [_as_number(v) for v in values]
         objectives = [r.objective() for r in finished]
         if all(n is not None for n in numbers):
             xs: list[Any] = numbers
-            positive = [n for n in numbers if n is not None and n > 0]
-            if len(positive) == len(numbers) and positive and max(positive) / min(positive) >= 20:
+            if log_scale([n for n in numbers if n is not None]):
                 ax.set_xscale("log")
         else:  # categories: one position each, labelled
             labels = sorted(set(values))
@@ -73,18 +114,24 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
         ax.scatter(xs, objectives, s=30, color="tab:blue")
         for row, x, y in zip(finished, xs, objectives):
             if row is best:
-                ax.scatter([x], [y], s=160, marker="*", color="tab:red", zorder=3, label=f"best (job {row.job})")
+                ax.scatter([x], [y], s=160, marker="*", color="tab:red", zorder=3, label=f"best: {job_label(row, keys)}")
             ax.annotate(str(row.job), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
         ax.set_xlabel(key)
         ax.set_ylabel(f"best {monitor}")
-        ax.set_title(f"objective vs {key}" + (f" ({left_out} unfinished/failed not shown)" if left_out else ""),
+        ax.set_title(f"objective vs {key}" + (f" ({left_out} not shown)" if left_out else ""),
                      fontsize=9)
         ax.grid(alpha=0.3)
         if best is not None:
             ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    return fig
+
+
+def _mark_pruned(ax: Any, rows: list[JobRow]) -> None:
+    """A black x where a pruned sweep's pruner stopped a job (its last evaluation)."""
+    stops = [row.curve[-1] for row in rows if row.pruned_step is not None and row.curve]
+    if stops:
+        ax.scatter(*zip(*stops), marker="x", s=60, color="black", zorder=4, label=f"pruned ({len(stops)})")
 
 
 def plot_run(folder: Path, path: Path) -> None:

@@ -1,7 +1,7 @@
 """Launch numbered jobs through any Hydra launcher, leaving out the finished jobs of a resumed sweep.
 
 With ``resume=auto`` among a job's overrides and a folder where that job already finished
-(``result.json`` says finished or nan), the job is not launched again: its result is read back from
+(``result.json`` says finished, pruned or nan), the job is not launched again: its result is read back from
 the folder, which stays as it was (Hydra would rewrite ``.hydra/`` and append to the log). Every
 other job is launched: an interrupted one continues from its newest valid checkpoint
 (``resume=auto``), a missing one starts. Jobs keep their numbers, hence their folders.
@@ -20,11 +20,10 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from app.engine.result import FINISHED, NAN, read_result
+from app.engine.result import FINISHED, NAN, PRUNED, read_result
 from app.launching.overrides import override_key
 
 log = logging.getLogger(__name__)
-
 
 
 class SweepResumeError(RuntimeError):
@@ -51,6 +50,9 @@ class NumberedJobs:
 
     def job_folder(self, number: int, overrides: Sequence[str]) -> Path:
         """Where the launcher will run this job (``hydra.sweep.dir``/``hydra.sweep.subdir``)."""
+        raw = OmegaConf.to_container(self.config.hydra.sweep, resolve=False)
+        if isinstance(raw, dict) and raw.get("subdir") == "${hydra.job.num}":
+            return Path(str(self.config.hydra.sweep.dir)) / str(number)  # Hydra's default, without composing the job
         job_cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
         with open_dict(job_cfg):
             job_cfg.hydra.job.num = number
@@ -77,7 +79,7 @@ class NumberedJobs:
             return None
         folder = self.check(number, overrides)
         result = read_result(folder)
-        if result is None or result.get("status") not in (FINISHED, NAN):
+        if result is None or result.get("status") not in (FINISHED, NAN, PRUNED):
             return None
         value = result.get("objective")
         log.info("job %d already %s in %s (%s = %s): not run again", number, result["status"], folder,

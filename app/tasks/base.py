@@ -1,20 +1,26 @@
 """The task interface: what the engine needs from a task, and nothing more.
 
 A task builds its datasets (with a collate function), builds its model, runs one forward pass on a
-batch, and turns gathered logits and labels into metrics. The engine owns everything else (devices,
-processes, precision, the loop), so a new task is one small module.
+batch, and turns gathered outputs and targets into metrics. The engine owns everything else
+(devices, processes, precision, the loop, checkpoints, export), so a new task is one small module,
+inside ``app/tasks`` or in the user's own package (``_target_`` in a task YAML: ``app/tasks/external.py``).
 
 What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
-Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for where it uses them:
-:class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths for
-``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none).
+Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
+where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths
+for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
+further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+
+Nothing here is specific to classification: ``StepOutput.logits`` and ``labels`` are whatever
+``compute_metrics`` needs per sample (a language model may return per-sample loss sums and token
+counts), gathered across processes with the padding duplicates removed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,16 +37,20 @@ class TaskData:
     train_lengths: Sequence[int] | None = None
     """Length of each training sample (e.g. tokens), for ``trainer.group_by_length``; None if the
     samples all cost the same."""
+    extra_eval: dict[str, Dataset] = field(default_factory=dict)
+    """Further evaluation sets by name, evaluated after ``eval`` with the same collate function; their
+    metrics are reported as ``eval/<metric>_<name>`` (GLUE MNLI: ``{"mm": mismatched}`` gives
+    ``eval/accuracy_mm``). Their names belong in ``metric_names`` too."""
 
 
 @dataclass
 class StepOutput:
     loss: torch.Tensor
-    """Mean loss over the batch (a 0-d tensor)."""
+    """Mean loss over the batch (a 0-d tensor): what training back-propagates."""
     logits: torch.Tensor
-    """One row per sample."""
+    """One row per sample: the model's outputs that ``compute_metrics`` reads (any trailing shape)."""
     labels: torch.Tensor
-    """One entry per sample."""
+    """One entry (or row) per sample: the targets that ``compute_metrics`` reads."""
 
 
 class TaskRuntime(Protocol):
@@ -60,21 +70,38 @@ class TaskRuntime(Protocol):
         """The main process runs the block first (filling caches), then the others."""
         ...
 
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save these objects (``state_dict``/``load_state_dict``, JSON-able) with every checkpoint and
+        restore them on resume and ``mode=eval``: state the task derives from its data and a resumed
+        run must agree with (text_classification's label set). Call it on every process, in
+        ``build_data``, in the same order each time."""
+        ...
+
 
 class Task(Protocol):
+    """What the engine drives. A task outside ``app/`` also names its config schema (``config_class``,
+    a dataclass subclassing ``app.config.TaskConfig``) and is built as ``Task(config)``."""
+
     name: str
-    metric_names: tuple[str, ...]
-    """The keys compute_metrics returns (the engine logs them as ``eval/<name>``): checked against
-    ``early_stopping.monitor`` before anything runs."""
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The keys compute_metrics returns (the engine logs them as ``eval/<name>``), those of the
+        ``extra_eval`` sets with their suffix: checked against ``early_stopping.monitor`` before anything
+        runs, and again after ``build_data`` (a task may learn them from its data). A class attribute
+        will do."""
+        ...
 
     def build_data(self, runtime: TaskRuntime) -> TaskData:
-        """Load and preprocess the datasets (``runtime``: the Accelerator, see :class:`TaskRuntime`)."""
+        """Load and preprocess the datasets (``runtime``: the Accelerator, see :class:`TaskRuntime`).
+        Bad data is refused with ``app.config.ConfigError`` (one sentence; the run exits 2)."""
         ...
 
     def build_model(self) -> nn.Module: ...
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
-        """One forward pass on a batch already on the right device."""
+        """One forward pass on a batch already on the right device (training and evaluation;
+        ``model.training`` tells them apart)."""
         ...
 
     def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -96,9 +123,10 @@ class PredictsTest(Protocol):
         ...
 
     def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        """Logits for a batch already on the right device."""
+        """The model's outputs (e.g. logits) for a batch already on the right device, one row per sample."""
         ...
 
-    def write_predictions(self, preds: Iterable[int], path: str | Path) -> None:
-        """Write one predicted class per test row, in file order (the main process only calls it)."""
+    def write_predictions(self, outputs: torch.Tensor, path: str | Path) -> None:
+        """Turn the test split's gathered outputs (``predict``'s rows, in file order) into predictions
+        and write them (the main process only calls it)."""
         ...

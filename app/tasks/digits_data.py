@@ -2,9 +2,8 @@
 
 Importing anything from scikit-learn costs about 1.2 s (it pulls scipy and pandas): most of what a
 1-step run spent beyond torch. The data is the CSV that ships inside the scikit-learn package, read
-with numpy as ``sklearn.datasets.load_digits`` reads it, and the split is the algorithm of
-``train_test_split(x, y, test_size=f, random_state=seed, stratify=y)`` (``StratifiedShuffleSplit`` on
-a legacy ``RandomState``), so a seed selects the same samples as before; tests/test_digits_data.py
+with numpy as ``sklearn.datasets.load_digits`` reads it, and the split is scikit-learn's algorithm
+(``app.tasks.splits``), so a seed selects the same samples as before; tests/test_digits_data.py
 checks both against scikit-learn itself.
 """
 
@@ -12,10 +11,13 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-from math import ceil
 from pathlib import Path
 
 import numpy as np
+
+from app.tasks.splits import approximate_mode, stratified_split
+
+__all__ = ["approximate_mode", "digits_csv", "load_digits", "stratified_split"]
 
 
 def digits_csv() -> Path | None:
@@ -38,39 +40,3 @@ def load_digits() -> tuple[np.ndarray, np.ndarray]:
     with gzip.open(path, "rt", encoding="utf-8") as file:
         data = np.loadtxt(file, delimiter=",")
     return data[:, :-1], data[:, -1].astype(int)
-
-
-def approximate_mode(class_counts: np.ndarray, n_draws: int, rng: np.random.RandomState) -> np.ndarray:
-    """How many of ``n_draws`` each class gets: the floor of its share, then the left-over draws to
-    the largest remainders, ties broken at random (``sklearn.utils.extmath._approximate_mode``)."""
-    continuous = class_counts / class_counts.sum() * n_draws
-    floored = np.floor(continuous)
-    need_to_add = int(n_draws - floored.sum())
-    if need_to_add > 0:
-        remainder = continuous - floored
-        for value in np.sort(np.unique(remainder))[::-1]:
-            (candidates,) = np.where(remainder == value)
-            add_now = min(len(candidates), need_to_add)
-            floored[rng.choice(candidates, size=add_now, replace=False)] += 1
-            need_to_add -= add_now
-            if need_to_add == 0:
-                break
-    return floored.astype(int)
-
-
-def stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(train indices, test indices): each class in both in proportion, shuffled by ``seed``."""
-    n_test = ceil(test_fraction * len(y))
-    n_train = len(y) - n_test
-    _, y_indices, class_counts = np.unique(y, return_inverse=True, return_counts=True)
-    class_indices = np.split(np.argsort(y_indices, kind="stable"), np.cumsum(class_counts)[:-1])
-    rng = np.random.RandomState(seed)
-    n_i = approximate_mode(class_counts, n_train, rng)
-    t_i = approximate_mode(class_counts - n_i, n_test, rng)
-    train: list[int] = []
-    test: list[int] = []
-    for i, count in enumerate(class_counts):
-        shuffled = class_indices[i].take(rng.permutation(count), mode="clip")
-        train.extend(shuffled[: n_i[i]])
-        test.extend(shuffled[n_i[i]: n_i[i] + t_i[i]])
-    return rng.permutation(train), rng.permutation(test)

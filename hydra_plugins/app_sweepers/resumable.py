@@ -2,10 +2,12 @@
 
 - ``ResumableBasicSweeper`` (``hydra/sweeper=resumable``, the app's default): Hydra's grid sweeper;
   with ``resume=auto`` the finished jobs of the sweep folder are read back instead of run again.
-- ``ResumableOptunaSweeper`` (``hydra/sweeper=optuna_resumable``, used by ``hparams_search=*``):
-  hydra-optuna-sweeper's search with the changes listed in ``app.sweeps.optuna_search``.
+- ``ResumableOptunaSweeper`` (``hydra/sweeper=optuna``, used by ``hparams_search=*``): our Optuna
+  search (``app.sweeps.optuna_search``); its settings' schema is stored here, as ``hydra/sweeper/optuna_schema``,
+  when Hydra scans its plugins (``conf/hydra/sweeper/optuna.yaml`` extends it).
 
-The app is imported when a sweep starts, not when Hydra scans its plugins.
+Beyond that schema (torch- and optuna-free), the app is imported when a sweep starts, not when Hydra
+scans its plugins.
 """
 
 from __future__ import annotations
@@ -15,18 +17,25 @@ from collections.abc import Callable
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from app.sweeps.optuna_config import OptunaSweeperConfig
+
+ConfigStore.instance().store(group="hydra/sweeper", name="optuna_schema", node=OptunaSweeperConfig, provider="app")
+
 
 def _refusing_bad_input(sweep: Callable[[list[str]], Any], arguments: list[str]) -> Any:
-    """A resumed sweep whose folder holds other jobs: one sentence and exit code 2, as for any bad input."""
+    """A resumed sweep whose folder holds other jobs, or sweeper settings that cannot work: one sentence
+    and exit code 2, as for any bad input."""
+    from app.config import ConfigError
     from app.sweeps.jobs import SweepResumeError
 
     try:
         return sweep(arguments)
-    except SweepResumeError as err:
+    except (SweepResumeError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
@@ -60,13 +69,18 @@ class ResumableBasicSweeper(BasicSweeper):
 
 
 class ResumableOptunaSweeper(Sweeper):
-    def __init__(self, **kwargs: Any) -> None:
-        from app.sweeps.optuna_search import OptunaSearch
-
-        self.search = OptunaSearch(**kwargs)
+    def __init__(self, **settings: Any) -> None:
+        self.settings = settings  # typed and checked in sweep(), where a refusal is one sentence
 
     def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
-        self.search.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+        self.context = {"hydra_context": hydra_context, "task_function": task_function, "config": config}
 
     def sweep(self, arguments: list[str]) -> Any:
-        return _refusing_bad_input(self.search.sweep, arguments)
+        return _refusing_bad_input(self._search, arguments)
+
+    def _search(self, arguments: list[str]) -> None:
+        from app.sweeps.optuna_search import OptunaSearch
+
+        search = OptunaSearch(OptunaSweeperConfig.from_hydra(self.settings))
+        search.setup(**self.context)
+        search.sweep(arguments)

@@ -40,12 +40,13 @@ from typing import Any
 from app.distributed.checkpoint.atomic import fsync_path, publish
 from app.distributed.checkpoint.errors import CheckpointError, DiskFullError, first_line
 from app.distributed.checkpoint.format import check_file, read_state_file, sha256_file, write_bytes
+from app.run_layout import CHECKPOINTS_DIR
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 FORMAT = "app-checkpoint/1"
-CHECKPOINTS = "checkpoints"
+CHECKPOINTS = CHECKPOINTS_DIR
 _NAME = re.compile(r"checkpoint_(\d+)")
 _TEMP_PREFIX = ".tmp-checkpoint_"
 
@@ -479,7 +480,10 @@ FAULT_ENV = "APP_CHECKPOINT_FAULT"
 process SIGKILL itself at ``<point>`` of that save, where point is ``files`` (half the files
 written), ``before-manifest``, ``before-rename`` or ``before-rotate``; ``disk-full`` makes the
 write after half the files fail with ENOSPC instead (for machines where a test cannot mount a small
-tmpfs). Unset in normal use."""
+tmpfs); ``hold`` makes that save wait for ever after half the files, in Python, so signal handlers run
+(a test's second Ctrl-C always lands inside a checkpoint write), saying so on stderr with
+:data:`HOLD_MESSAGE`. Unset in normal use."""
+HOLD_MESSAGE = "checkpoint write held halfway"
 
 
 def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
@@ -495,4 +499,10 @@ def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if wanted == "disk-full" and point == "files":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    if wanted == "hold" and point == "files":
+        import time
+
+        os.write(2, f"{HOLD_MESSAGE} (save {save_number}, {path})\n".encode())
+        while True:
+            time.sleep(0.05)
 

@@ -32,9 +32,13 @@ class DeviceOps:
         """The device of the process with this local rank (and make it the current one)."""
         return torch.device(self.type)
 
-    def precision_refusal(self, mode: str) -> str:
-        """The sentence ``build_precision`` raises when ``mode`` is not in :attr:`precisions`."""
-        return f"{mode} mixed precision needs a CUDA device; use bf16 or no on CPU."
+    def precision_refusal(self, mode: str) -> str | None:
+        """The one sentence refusing ``mode`` (a ``mixed_precision`` / ``precision=`` value) on this
+        device type, or None when it runs here (it is in :attr:`precisions`). Both the config's check
+        (``HardwareSpec.check_precision``) and ``build_precision`` (an ``Accelerator``) say it."""
+        if mode in self.precisions:
+            return None
+        return f"precision={mode} needs a CUDA GPU (loss scaling on CPU is not supported); use bf16 or no."
 
     def rng_state(self) -> dict[str, Any]:
         """The device's RNG states, stored next to python/numpy/torch in ``rng_state_<rank>``; the

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig
 from app.distributed.hardware.cuda import visible_gpus
 from app.distributed.hardware.spec import MultiProcessSpec, Visible
+from app.worker_processes import available_cores
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, else the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def require_cores(hw: HardwareConfig) -> None:

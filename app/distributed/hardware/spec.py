@@ -70,9 +70,10 @@ class HardwareSpec:
         """Whether the devices the kind needs are there."""
 
     def check_precision(self, mode: PrecisionMode, visible: Visible) -> None:
-        if mode.value not in self.device_ops(visible).precisions:
-            raise ConfigError(f"precision={mode.value} needs a CUDA GPU (loss scaling on CPU is not supported); "
-                              "use bf16 or no.")
+        """The precision must run on the device type this kind uses here (its DeviceOps say so)."""
+        refusal = self.device_ops(visible).precision_refusal(mode.value)
+        if refusal is not None:
+            raise ConfigError(refusal)
 
     def check_layout(self, hw: HardwareConfig, visible: Visible) -> None:
         """The number of processes and nodes the config asks for (a single-process kind has already

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from app.config import ConfigError, HardwareConfig, PrecisionMode, RunConfig
+from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
 from app.distributed.hardware.xla import XLA, xla_problem
 
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 class TpuSpec(HardwareSpec):
     kind = "tpu"
     devices = (XLA,)
-
-    def check_precision(self, mode: PrecisionMode, visible: Visible) -> None:
-        if mode.value not in XLA.precisions:
-            raise ConfigError(XLA.precision_refusal(mode.value))
 
     def check_devices(self, hw: HardwareConfig, visible: Visible) -> None:
         problem = xla_problem()

@@ -14,8 +14,10 @@ import torch
 
 from app.distributed.hardware.device import DeviceOps
 
-INSTALL_HINT = ('hardware=tpu needs PyTorch/XLA, which is not installed; install it with pip install -e ".[tpu]" '
-                "(torch_xla 2.9.0, which needs torch 2.9.0).")
+INSTALL_HINT = ("hardware=tpu needs PyTorch/XLA, which is not installed here; torch_xla 2.9.0 needs torch 2.9.0 "
+                "exactly, so make a separate environment for it rather than changing this one's torch: "
+                "python3 -m venv .venv-xla && .venv-xla/bin/pip install torch==2.9.0 torch_xla==2.9.0 && "
+                '.venv-xla/bin/pip install -e ".[tpu]" (README, TPU section).')
 NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
                "XLA's CPU device (slow, for testing).")
 _GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -53,7 +55,9 @@ class XlaOps(DeviceOps):
 
         return torch_xla.device()
 
-    def precision_refusal(self, mode: str) -> str:
+    def precision_refusal(self, mode: str) -> str | None:
+        if mode in self.precisions:
+            return None
         return (f"precision={mode} does not run on hardware=tpu (XLA has no fp16 loss scaling here); use "
                 "precision=bf16 or precision=no.")
 

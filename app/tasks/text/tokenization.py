@@ -1,8 +1,9 @@
-"""Tokenization of GLUE splits, cached on disk.
+"""Tokenization of a text task's splits, cached on disk.
 
-The cache key is made of everything that changes the token ids (tokenizer contents, max_length,
-padding mode, the source data's contents), so a different tokenizer or max_length never reuses a
-stale cache, and the other processes of a distributed run read what the main process wrote.
+The cache key is made of everything that changes the token ids and targets (tokenizer contents,
+max_length, padding mode, the source data's contents, the columns read and the label encoding), so
+a different tokenizer, max_length or label set never reuses a stale cache, and the other processes
+of a distributed run read what the main process wrote.
 """
 
 from __future__ import annotations
@@ -13,25 +14,25 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.tasks.glue.config import GlueConfig, GlueSpec
-from app.tasks.glue.sources import Split
+from app.tasks.text.labels import LABEL_COLUMN
 
 if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
 
 IGNORE_INDEX = -100
-"""What rows without gold label carry as ``labels``: cross-entropy skips them instead of failing on -1."""
-CACHE_VERSION = 1
+"""What single-label rows without gold label carry as ``labels``: cross-entropy skips them instead of
+failing on -1."""
+CACHE_VERSION = 2
 """Part of the cache key: bump it when ``_encode`` changes what it produces."""
 
 
-def cache_root(cfg: GlueConfig, spec: GlueSpec) -> Path:
-    if cfg.cache_dir is not None:
-        return Path(cfg.cache_dir).expanduser()
+def cache_root(cache_dir: str | None, task_name: str) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
     import datasets.config
 
-    return Path(datasets.config.HF_DATASETS_CACHE) / f"app_glue_{spec.config}"
+    return Path(datasets.config.HF_DATASETS_CACHE) / f"app_text_{task_name}"
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
@@ -71,34 +72,37 @@ def cache_key(tokenizer: PreTrainedTokenizerBase, max_length: int, pad_to_max_le
 
 
 def tokenize_split(
-    split: Split,
+    data: datasets.Dataset,
+    data_key: str,
     name: str,
-    spec: GlueSpec,
+    text_columns: tuple[str, ...],
     tokenizer: PreTrainedTokenizerBase,
     max_length: int,
     pad_to_max_length: bool,
     cache_dir: Path,
+    title: str,
     swap: bool = False,
 ) -> datasets.Dataset:
-    """The spec's text columns -> input_ids, attention_mask, (token_type_ids), labels; cached on disk.
-    ``swap`` encodes each pair in the other order (the second sentence first).
+    """The text columns -> input_ids, attention_mask, (token_type_ids); the encoded targets
+    (``LABEL_COLUMN``) -> labels; cached on disk. ``data_key`` digests the rows (their source and
+    label encoding); ``swap`` encodes each pair in the other order (the second text first).
 
     The cache file's name is the key, and the key is passed as the new fingerprint: datasets'
     own fingerprint would hash the tokenizer object with dill, which is slow and not stable.
     """
-    key = cache_key(tokenizer, max_length, pad_to_max_length, split.fingerprint + ("-swapped" if swap else ""))
+    key = cache_key(tokenizer, max_length, pad_to_max_length, data_key + ("-swapped" if swap else ""))
     cache_dir.mkdir(parents=True, exist_ok=True)
-    columns = spec.text_columns[::-1] if swap else spec.text_columns
+    columns = text_columns[::-1] if swap else text_columns
     encode = functools.partial(_encode, tokenizer=tokenizer, columns=columns, max_length=max_length,
                                pad=pad_to_max_length)
-    return split.data.map(
+    return data.map(
         encode,
         batched=True,
-        remove_columns=split.data.column_names,
+        remove_columns=data.column_names,
         new_fingerprint=key,
         cache_file_name=str(cache_dir / f"{name}-{key}.arrow"),
         load_from_cache_file=True,
-        desc=f"Tokenizing {spec.title} {name}",
+        desc=f"Tokenizing {title} {name}",
     )
 
 
@@ -106,10 +110,12 @@ def _encode(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, columns:
             pad: bool) -> dict:
     encoded = tokenizer(
         *(batch[c] for c in columns),
-        truncation=True,  # a pair: longest_first, which trims the longer sentence of the pair first
+        truncation=True,  # a pair: longest_first, which trims the longer text of the pair first
         max_length=max_length,
         padding="max_length" if pad else False,
     )
     encoded = dict(encoded)
-    encoded["labels"] = [label if label >= 0 else IGNORE_INDEX for label in batch["label"]]
+    # Class ids (-1: no gold label, skipped by cross-entropy as -100), numbers, or one 0/1 per class.
+    encoded["labels"] = [IGNORE_INDEX if isinstance(label, int) and label < 0 else label
+                         for label in batch[LABEL_COLUMN]]
     return encoded

@@ -1,8 +1,8 @@
 """From tokenized rows to batches: padding, and a row's optional second view.
 
 A row may carry a second encoding of the same example beside its own, in ``swapped_*`` columns
-(MRPC's ``symmetric_eval``: the pair in the other order). The collator pads each view on its own,
-and ``GlueTask.predict`` scores both and averages them.
+(``task.symmetric_eval``: the pair in the other order). The collator pads each view on its own,
+and ``TextClassificationTask.predict`` scores both and averages them.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class PaddingCollator:
         fast = (self.pad_values["input_ids"] is not None and longest <= length
                 and all(k in self.pad_values for k in sequences)
                 and ("attention_mask" in columns or not self.makes_attention_mask)
-                and ("labels" not in columns or isinstance(rows[0]["labels"], int)))
+                and ("labels" not in columns or isinstance(rows[0]["labels"], (int, float, list))))
         if not fast:
             return dict(self._pad(list(rows)))
         batch = {}
@@ -94,6 +94,6 @@ class PaddingCollator:
                 else:
                     padded[i, :len(values)] = values
             batch[key] = torch.from_numpy(padded)
-        if "labels" in columns:
+        if "labels" in columns:  # class ids (int64), numbers or one 0/1 per class (float32)
             batch["labels"] = torch.tensor([row["labels"] for row in rows])
         return batch
