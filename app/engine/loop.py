@@ -429,4 +429,4 @@ def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping) -> t
     state.last_eval_step = state.global_step
     acc.log(metrics, step=state.global_step)
     log.info("step %d: %s", state.global_step, human_metrics(metrics, prefix="eval/"))
-    return metrics, stopper.update(metrics)
+    return metrics, stopper.update(metrics, state.global_step)

@@ -19,6 +19,10 @@ class EarlyStopping:
         self.patience = patience
         self.min_delta = min_delta
         self.best: float | None = None
+        self.best_step: int | None = None
+        """The optimizer step of the evaluation that set ``best``."""
+        self.best_metrics: dict[str, float] = {}
+        """That evaluation's metrics (what ``checkpoint.export=best`` exports was measured so)."""
         self.bad_evaluations = 0
 
     def improved(self, value: float) -> bool:
@@ -28,8 +32,8 @@ class EarlyStopping:
             return value > self.best + self.min_delta
         return value < self.best - self.min_delta
 
-    def update(self, metrics: dict[str, float]) -> bool:
-        """Record one evaluation; returns True when training should stop."""
+    def update(self, metrics: dict[str, float], step: int | None = None) -> bool:
+        """Record one evaluation (at optimizer step ``step``); returns True when training should stop."""
         if self.monitor not in metrics:
             raise KeyError(
                 f"early_stopping.monitor={self.monitor!r} is not among the evaluation metrics "
@@ -39,16 +43,19 @@ class EarlyStopping:
         if not math.isfinite(value):
             self.bad_evaluations += 1
         elif self.improved(value):
-            self.best = value
+            self.best, self.best_step, self.best_metrics = value, step, dict(metrics)
             self.bad_evaluations = 0
         else:
             self.bad_evaluations += 1
         return self.patience is not None and self.bad_evaluations >= self.patience
 
     def state_dict(self) -> dict[str, Any]:
-        return {"best": self.best, "bad_evaluations": self.bad_evaluations}
+        return {"best": self.best, "best_step": self.best_step, "best_metrics": self.best_metrics,
+                "bad_evaluations": self.bad_evaluations}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = state["best"]
+        # Checkpoints written before these were recorded have neither.
+        self.best_step = state.get("best_step")
+        self.best_metrics = dict(state.get("best_metrics") or {})
         self.bad_evaluations = int(state["bad_evaluations"])
-

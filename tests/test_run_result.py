@@ -1,0 +1,91 @@
+"""What a run says it did when its best evaluation is not its last: ``result.json`` (steps trained, why
+it stopped, which checkpoint was exported and its metrics), ``model/export.json``, the log, ``sweep.csv``
+and ``sweep.md`` (issue 29, item 1); after a resume, and in Optuna trials.
+
+One rule for the best everywhere: the first evaluation that reached the best value. Two trials of
+one Optuna (grid) search show it: with ``early_stopping.monitor=eval/loss`` and ``mode=max`` the best
+is the first evaluation, for a run that learns (its loss only falls) and for one whose learning rate
+(1e-30) leaves every weight bit for bit as it was (every evaluation ties with the first). Both stop
+on patience 2 at their third evaluation, counted from the first."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from app.engine.run import run
+from tests.conftest import compose_config, run_app
+from tests.test_sweeps import read_csv
+
+QUIET = ("logging.progress_bar=false", "logging.trackers=[]", "logging.print_config=false")
+# An evaluation and a checkpoint every 10 steps; the best is the first evaluation (step 10); patience 2
+# stops at step 30.
+FIRST_IS_BEST = ("early_stopping.monitor=eval/loss", "early_stopping.mode=max", "early_stopping.patience=2",
+                 "trainer.max_steps=60", "trainer.eval_every_n_steps=10", "checkpoint.every_n_steps=10",
+                 "checkpoint.every_epoch=false", "checkpoint.total_limit=1", *QUIET)
+LEARNS, TIES = "0.003", "1e-30"
+STOPPED = "eval/loss did not improve for 2 evaluations (best "
+
+
+def evaluations(folder: Path) -> dict[int, dict[str, float]]:
+    """metrics.jsonl's evaluations by step (without the epoch)."""
+    events = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: {k: v for k, v in e.items() if k.startswith("eval/")} for e in events if "eval/loss" in e}
+
+
+@pytest.fixture(scope="module")
+def search(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """The sweep folder and each trial's folder by its learning rate."""
+    cwd = tmp_path_factory.mktemp("search")
+    sweep = cwd / "sweep"
+    run_app("-m", "hydra/sweeper=optuna", "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.n_jobs=1", "hydra.sweeper.pruner=none", f"optim.lr=choice({LEARNS},{TIES})",
+            *FIRST_IS_BEST, f"hydra.sweep.dir={sweep}", cwd=cwd, timeout=200, check=True)
+    trials = {}
+    for job in ("0", "1"):
+        overrides = yaml.safe_load((sweep / job / ".hydra" / "overrides.yaml").read_text())
+        trials[next(o.split("=", 1)[1] for o in overrides if o.startswith("optim.lr="))] = sweep / job
+    return sweep, trials
+
+
+@pytest.mark.timeout(240)
+def test_an_optuna_trial_stopped_after_its_best_says_what_it_trained_and_what_it_exported(search):
+    sweep, trials = search
+    for lr, folder in [(LEARNS, trials[LEARNS])]:
+        result = json.loads((folder / "result.json").read_text())
+        measured = evaluations(folder)
+        assert sorted(measured) == [10, 20, 30], lr
+        assert result["status"] == "finished" and result["steps"] == 30, result
+        assert result["stop_reason"].startswith(STOPPED), result
+        assert result["best"] == measured[10]["eval/loss"] and result["best_step"] == 10, result
+        assert result["exported"] == {"weights": "best", "checkpoint": "checkpoint_0", "step": 10,
+                                      "metrics": measured[10]}, result
+        log = (folder / "app.log").read_text()
+        assert f"stopped: {result['stop_reason']}; best eval/loss = " in log
+    rows = read_csv(sweep)
+    assert [(r["steps"], r["best_step"], r["status"]) for r in rows] == [("30", "10", "finished")] * 2
+    markdown = (sweep / "sweep.md").read_text()
+    best_job = trials[TIES].name  # eval/loss is highest untrained
+    assert f"**Best: job {best_job}** (optim.lr={TIES}): eval/loss = " in markdown and "at step 10." in markdown
+
+
+@pytest.mark.timeout(240)
+def test_a_resumed_run_counts_every_segment_and_exports_the_earlier_best(tmp_path, caplog):
+    # The first segment ends at max_steps (20); the resumed one goes on to the early stop at 30.
+    run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=20"), tmp_path)
+    first = json.loads((tmp_path / "result.json").read_text())
+    assert (first["steps"], first["stop_reason"], first["exported"]["step"]) == (20, "reached 20 optimizer steps", 10)
+    with caplog.at_level(logging.INFO):
+        run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=60", f"resume={tmp_path}"), tmp_path)
+    result = json.loads((tmp_path / "result.json").read_text())
+    measured = evaluations(tmp_path)
+    assert sorted(measured) == [10, 20, 30]
+    assert result["steps"] == 30 and result["stop_reason"].startswith(STOPPED), result
+    assert result["best_step"] == 10 and result["exported"] == {
+        "weights": "best", "checkpoint": "checkpoint_0", "step": 10, "metrics": measured[10]}, result
+    described = json.loads((tmp_path / "model" / "export.json").read_text())
+    assert (described["step"], described["final_step"], described["metrics"]) == (10, 30, measured[10])
