@@ -274,9 +274,10 @@ class EarlyStoppingConfig:
     monitor: str = "eval/accuracy"
     mode: MonitorMode = MonitorMode.max
     patience: int | None = 3
-    """Evaluations without improvement before stopping; null disables metric-based stopping."""
+    """Evaluations without improvement before stopping; null disables metric-based stopping. The best
+    evaluation is the first that reached the best value (a tie is no improvement)."""
     min_delta: float = 0.0
-    """Smallest change that counts as an improvement."""
+    """Smallest change that counts as an improvement (over the last evaluation that made one)."""
     stop_on_nan: bool = True
     """Stop at once if the training loss is NaN or infinite."""
 

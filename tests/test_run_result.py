@@ -1,6 +1,6 @@
 """What a run says it did when its best evaluation is not its last: ``result.json`` (steps trained, why
 it stopped, which checkpoint was exported and its metrics), ``model/export.json``, the log, ``sweep.csv``
-and ``sweep.md`` (issue 29, item 1); after a resume, and in Optuna trials.
+and ``sweep.md`` (issue 29, items 1 and 3); after a resume, and in Optuna trials.
 
 One rule for the best everywhere: the first evaluation that reached the best value. Two trials of
 one Optuna (grid) search show it: with ``early_stopping.monitor=eval/loss`` and ``mode=max`` the best
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from app.distributed.checkpoint.store import complete_checkpoints
 from app.engine.run import run
 from tests.conftest import compose_config, run_app
 from tests.test_sweeps import read_csv
@@ -55,7 +57,7 @@ def search(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
 @pytest.mark.timeout(240)
 def test_an_optuna_trial_stopped_after_its_best_says_what_it_trained_and_what_it_exported(search):
     sweep, trials = search
-    for lr, folder in [(LEARNS, trials[LEARNS])]:
+    for lr, folder in trials.items():
         result = json.loads((folder / "result.json").read_text())
         measured = evaluations(folder)
         assert sorted(measured) == [10, 20, 30], lr
@@ -65,12 +67,37 @@ def test_an_optuna_trial_stopped_after_its_best_says_what_it_trained_and_what_it
         assert result["exported"] == {"weights": "best", "checkpoint": "checkpoint_0", "step": 10,
                                       "metrics": measured[10]}, result
         log = (folder / "app.log").read_text()
-        assert f"stopped: {result['stop_reason']}; best eval/loss = " in log
+        assert f"stopped: {result['stop_reason']}; best eval/loss = " in log and log.count("(step 10)") >= 1
     rows = read_csv(sweep)
     assert [(r["steps"], r["best_step"], r["status"]) for r in rows] == [("30", "10", "finished")] * 2
     markdown = (sweep / "sweep.md").read_text()
     best_job = trials[TIES].name  # eval/loss is highest untrained
     assert f"**Best: job {best_job}** (optim.lr={TIES}): eval/loss = " in markdown and "at step 10." in markdown
+
+
+@pytest.mark.timeout(240)
+def test_every_tie_names_the_first_evaluation_that_reached_the_best(search):
+    """The trial whose weights never change: its three evaluations are equal to the last bit. Early stopping
+    counts from the first, keep_best keeps its checkpoint (total_limit=1), and the export, export.json,
+    result.json, the log and sweep.md all name step 10."""
+    sweep, trials = search
+    folder = trials[TIES]
+    measured = evaluations(folder)
+    assert measured[10] == measured[20] == measured[30]  # a tie, exactly
+    assert [m.step for _, m in complete_checkpoints(folder / "checkpoints")] == [10, 30]  # the best + the newest
+    described = json.loads((folder / "model" / "export.json").read_text())
+    assert (described["exported"], described["step"], described["checkpoint"]) == ("best", 10, "checkpoint_0")
+    assert described["final_step"] == 30
+    log = (folder / "app.log").read_text()
+    assert "exporting the best evaluation: step 10, eval/loss = " in log
+    assert "exported the best weights (step 10, eval/loss = " in log
+    result = json.loads((folder / "result.json").read_text())
+    # Counted from step 10: stopped at 30 (from the tie at 20 it would have gone on to 40).
+    assert result["steps"] == 30 and result["stop_reason"].startswith(STOPPED), result
+    assert (result["best_step"], result["exported"]["step"]) == (10, 10)
+    row = next(r for r in read_csv(sweep) if r["job"] == folder.name)
+    assert row["best_step"] == "10"
+    assert re.search(rf"\| {folder.name} \| {TIES} \| finished \| [\d.]+ \| 10 \| 30 \|", (sweep / "sweep.md").read_text())
 
 
 @pytest.mark.timeout(240)

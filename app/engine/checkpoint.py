@@ -215,20 +215,23 @@ class CheckpointPolicy:
         }
         if self.last_saved_step == state.global_step and self.last_saved is not None:
             described["checkpoint"] = self.last_saved  # the final state's checkpoint holds these weights
-        best = self.stopper.best
-        if choice is ExportChoice.last or best is None or final_metric == best:
+        stopper = self.stopper
+        best, best_step = stopper.best, stopper.best_step
+        # The best is the first evaluation that reached it (EarlyStopping): a later tie is not exported.
+        final_is_best = final_metric == best if best_step is None else best_step == state.global_step and evaluated
+        if choice is ExportChoice.last or best is None or final_is_best:
             described["exported"] = "last" if choice is ExportChoice.last else "best"
             return described
         found: tuple[str, Manifest] | None = None
         if self.acc.is_main_process:
-            for path, saved in complete_checkpoints(self.root):
-                if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor:
-                    found = (str(path), saved)
+            found = next(((str(path), saved) for path, saved in complete_checkpoints(self.root)
+                          if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor
+                          and best_step in (None, saved.step)), None)
         found = self.acc.broadcast_object(found)
         if found is None:
-            log.warning("the best evaluation (%s = %s) has no checkpoint (it fell between saves): exporting the "
-                        "final weights; save a checkpoint at every evaluation to export the best",
-                        monitor, human(best))
+            log.warning("the best evaluation (step %s, %s = %s) has no checkpoint (it fell between saves): exporting "
+                        "the final weights; save a checkpoint at every evaluation to export the best",
+                        best_step, monitor, human(best))
             described["exported"] = "last (best not saved)"
             return described
         chosen, manifest = found
