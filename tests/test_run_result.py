@@ -116,3 +116,9 @@ def test_a_resumed_run_counts_every_segment_and_exports_the_earlier_best(tmp_pat
         "weights": "best", "checkpoint": "checkpoint_0", "step": 10, "metrics": measured[10]}, result
     described = json.loads((tmp_path / "model" / "export.json").read_text())
     assert (described["step"], described["final_step"], described["metrics"]) == (10, 30, measured[10])
+    # "resumed" only where training went on; the export says it loads (issue 29, item 5).
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert [line for line in lines if "resumed from" in line] == [
+        f"resumed from {tmp_path / 'checkpoints' / 'checkpoint_1'} (step 20, epoch 0)"]
+    assert "exporting the best evaluation: step 10, eval/loss = " in "\n".join(lines)
+    assert next(line for line in lines if line.startswith("exporting")).endswith("(loading checkpoints/checkpoint_0)")

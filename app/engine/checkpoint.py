@@ -171,6 +171,7 @@ class CheckpointPolicy:
         else:
             source = Path(resume)
         manifest: Manifest = acc.load_state(source, config_hash=self.config_hash)
+        log.info("resumed from %s (step %s, epoch %s)", manifest.folder, manifest.step, manifest.epoch)
         self.last_saved_step, self.last_saved = manifest.step, Path(manifest.folder).name
         # Resuming means going on: whatever stopped the saved run (max_steps, an interrupt, early
         # stopping) is decided again under this run's settings.
@@ -235,7 +236,8 @@ class CheckpointPolicy:
             described["exported"] = "last (best not saved)"
             return described
         chosen, manifest = found
-        log.info("exporting the best evaluation: step %d, %s = %s (%s)", manifest.step, monitor, human(best), chosen)
+        log.info("exporting the best evaluation: step %d, %s = %s (loading %s)", manifest.step, monitor, human(best),
+                 Path(chosen).relative_to(self.run_dir))
         with self.trainer_state.kept():
             self.acc.load_state(chosen)
         return {**described, "exported": "best", "step": manifest.step, "epoch": manifest.epoch,

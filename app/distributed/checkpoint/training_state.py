@@ -232,5 +232,6 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
     counters = Counters(step=int(saved["step"]), micro_step=int(saved["micro_step"]),
                         seed=int(saved["seed"]) if saved.get("seed") is not None else objects.counters.seed)
     restore_rng(folder, backend, manifest)
-    log.info("resumed from %s (step %s, epoch %s)", folder, manifest.step, manifest.epoch)
+    # The caller says why it loaded (resumed, exporting, evaluating).
+    log.debug("loaded checkpoint %s (step %s, epoch %s)", folder, manifest.step, manifest.epoch)
     return manifest, counters
