@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from app.distributed.checkpoint.store import complete_checkpoints
+from app.engine.progress import human
 from app.engine.run import run
 from tests.conftest import compose_config, run_app
 from tests.test_sweeps import read_csv
@@ -102,23 +103,44 @@ def test_every_tie_names_the_first_evaluation_that_reached_the_best(search):
 
 @pytest.mark.timeout(240)
 def test_a_resumed_run_counts_every_segment_and_exports_the_earlier_best(tmp_path, caplog):
+    folder = tmp_path / "run"
     # The first segment ends at max_steps (20); the resumed one goes on to the early stop at 30.
-    run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=20"), tmp_path)
-    first = json.loads((tmp_path / "result.json").read_text())
+    run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=20"), folder)
+    first = json.loads((folder / "result.json").read_text())
     assert (first["steps"], first["stop_reason"], first["exported"]["step"]) == (20, "reached 20 optimizer steps", 10)
     with caplog.at_level(logging.INFO):
-        run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=60", f"resume={tmp_path}"), tmp_path)
-    result = json.loads((tmp_path / "result.json").read_text())
-    measured = evaluations(tmp_path)
+        run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=60", f"resume={folder}"), folder)
+    result = json.loads((folder / "result.json").read_text())
+    measured = evaluations(folder)
     assert sorted(measured) == [10, 20, 30]
     assert result["steps"] == 30 and result["stop_reason"].startswith(STOPPED), result
     assert result["best_step"] == 10 and result["exported"] == {
         "weights": "best", "checkpoint": "checkpoint_0", "step": 10, "metrics": measured[10]}, result
-    described = json.loads((tmp_path / "model" / "export.json").read_text())
+    described = json.loads((folder / "model" / "export.json").read_text())
     assert (described["step"], described["final_step"], described["metrics"]) == (10, 30, measured[10])
     # "resumed" only where training went on; the export says it loads (issue 29, item 5).
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert [line for line in lines if "resumed from" in line] == [
-        f"resumed from {tmp_path / 'checkpoints' / 'checkpoint_1'} (step 20, epoch 0)"]
+        f"resumed from {folder / 'checkpoints' / 'checkpoint_1'} (step 20, epoch 0)"]
     assert "exporting the best evaluation: step 10, eval/loss = " in "\n".join(lines)
     assert next(line for line in lines if line.startswith("exporting")).endswith("(loading checkpoints/checkpoint_0)")
+
+    # mode=eval of the run folder evaluates what the run exported (step 10's weights), not its newest
+    # checkpoint (step 30), and says so; naming a checkpoint evaluates that one (issue 29, items 4 and 5).
+    newest = folder / "checkpoints" / "checkpoint_2"
+    assert max(complete_checkpoints(folder / "checkpoints"), key=lambda c: c[1].step)[0] == newest
+    said = {10: f"evaluating the run's exported model {folder / 'model'} (best weights, step 10, eval/loss = "
+                f"{human(measured[10]['eval/loss'])}); resume={folder / 'checkpoints'}/checkpoint_<N> evaluates "
+                "a checkpoint instead",
+            30: f"evaluating checkpoint {newest} (step 30, epoch 0)"}
+    for source, step in ((folder, 10), (newest, 30)):
+        caplog.clear()
+        (tmp_path / f"eval-{step}").mkdir()  # Hydra's run folder
+        with caplog.at_level(logging.INFO):
+            run(compose_config(*FIRST_IS_BEST, "mode=eval", f"resume={source}"), tmp_path / f"eval-{step}")
+        evaluated = json.loads((tmp_path / f"eval-{step}" / "eval_metrics.json").read_text())["metrics"]
+        assert evaluated["eval/loss"] == pytest.approx(measured[step]["eval/loss"], rel=1e-5), step
+        assert measured[10]["eval/loss"] != pytest.approx(measured[30]["eval/loss"], rel=1e-3)  # they differ
+        lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+        assert [line for line in lines if line.startswith("evaluating")] == [said[step]]
+        assert not any("resumed from" in line for line in lines), lines

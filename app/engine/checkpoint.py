@@ -152,7 +152,8 @@ class CheckpointPolicy:
         if self.acc.is_main_process:
             fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
             for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
-                log.info("removed old checkpoint %s (checkpoint.total_limit=%s)", removed, self.cfg.total_limit)
+                log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
+                          self.cfg.total_limit)
         return folder
 
     # -- resume --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from typing import Any
 
 from app.config import RunConfig
 from app.configure import validate
-from app.console import in_parallel_job
+from app.console import details_to_log_file, in_parallel_job
 from app.interrupts import Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
 from app.run_folder import write_hydra_record
@@ -142,6 +142,8 @@ def configure_worker_logging(rank: int, log_file: str | None) -> None:
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if rank == 0:
+        details_to_log_file()
 
 
 def _current_log_file() -> str | None:
