@@ -92,10 +92,14 @@ class HardwareConfig:
     """A collective that waits longer than this fails the run instead of hanging it."""
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    num_threads: int | None = None
+    """torch's intra-op threads per process; null: OMP_NUM_THREADS if set, else one for a small model
+    and the process's share of the cores otherwise (app/engine/threads.py)."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
-        require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes})
+        require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes,
+                          "hardware.num_threads": self.num_threads})
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
 

@@ -105,7 +105,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
                                   init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
-                               accelerator.device, accelerator.mixed_precision),
+                               accelerator.device, accelerator.mixed_precision, components.threads),
                  run_dir)
         trained = True  # from here on, the run folder has this run's steps
         with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
