@@ -93,8 +93,8 @@ class HardwareConfig:
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
     num_threads: int | None = None
-    """torch's intra-op threads per process; null: OMP_NUM_THREADS if set, else one for a small model
-    and the process's share of the cores otherwise (app/engine/threads.py)."""
+    """torch's intra-op threads per process; null: one for a small model, else the process's share of the
+    cores, at most OMP_NUM_THREADS when set (app/engine/threads.py)."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""

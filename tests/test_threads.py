@@ -13,12 +13,15 @@ from app.engine.threads import SMALL_MODEL, ThreadChoice, choose_threads
 from tests.conftest import compose_config
 
 
-def test_the_rule_takes_the_config_then_omp_then_one_thread_for_a_small_model_else_the_owned_cores():
+def test_the_rule_takes_the_config_else_one_thread_for_a_small_model_else_the_owned_cores_capped_by_omp():
     big = SMALL_MODEL
     assert choose_threads(3, 10, environ={"OMP_NUM_THREADS": "1"}, cores=8) == ThreadChoice(3, "hardware.num_threads")
-    assert choose_threads(None, big, environ={"OMP_NUM_THREADS": "2"}, cores=8) == ThreadChoice(2, "OMP_NUM_THREADS")
     assert choose_threads(None, 17_226, environ={}, cores=8) == ThreadChoice(1, "small model")
+    assert choose_threads(None, 17_226, environ={"OMP_NUM_THREADS": "4"}, cores=8) == ThreadChoice(1, "small model")
     assert choose_threads(None, big, environ={}, cores=8) == ThreadChoice(8, "the 8 cores this process owns")
+    # OMP_NUM_THREADS caps it (torchrun's 1, joblib's share of the cores), never raises it.
+    assert choose_threads(None, big, environ={"OMP_NUM_THREADS": "2"}, cores=8) == ThreadChoice(2, "OMP_NUM_THREADS")
+    assert choose_threads(None, big, environ={"OMP_NUM_THREADS": "16"}, cores=8).count == 8
     # The machine's cores are shared among the run's processes on it (torchrun's LOCAL_WORLD_SIZE).
     assert choose_threads(None, big, environ={"LOCAL_WORLD_SIZE": "3"}, cores=8).count == 2
     assert str(choose_threads(None, big, environ={"LOCAL_WORLD_SIZE": "4"}, cores=2)) == \

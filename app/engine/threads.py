@@ -8,12 +8,12 @@ slower on 2 threads than on 1, at top priority (``nice -20``) and at normal prio
 default job takes 0.20x the time on 1 thread. The rule, per process:
 
 1. ``hardware.num_threads``, when set;
-2. else ``OMP_NUM_THREADS``, when set (torchrun sets 1 for several processes per machine, joblib's
-   workers get their share of the cores): torch already reads it;
-3. else a model under :data:`SMALL_MODEL` parameters: one thread, the fastest both at top priority and
+2. else a model under :data:`SMALL_MODEL` parameters: one thread, the fastest both at top priority and
    beside other work (``bench/threads.py``);
-4. else the cores this process owns: those it may run on (its affinity mask), shared among the run's
-   processes on this machine (``LOCAL_WORLD_SIZE``).
+3. else the cores this process owns: those it may run on (its affinity mask), shared among the run's
+   processes on this machine (``LOCAL_WORLD_SIZE``);
+4. and never more than ``OMP_NUM_THREADS`` when that is set: a cap set by the user or a launcher
+   (torchrun sets 1 for several processes per machine, joblib's workers get their share of the cores).
 
 The choice is logged in the model summary (``app.engine.summary``).
 """
@@ -48,13 +48,16 @@ def choose_threads(num_threads: int | None, parameters: int, environ: Mapping[st
     """The intra-op threads for a process training a model of ``parameters`` (the rule above)."""
     if num_threads is not None:
         return ThreadChoice(num_threads, "hardware.num_threads")
-    if environ.get("OMP_NUM_THREADS", "").strip().isdigit() and int(environ["OMP_NUM_THREADS"]) > 0:
-        return ThreadChoice(int(environ["OMP_NUM_THREADS"]), "OMP_NUM_THREADS")
     if parameters < SMALL_MODEL:
-        return ThreadChoice(1, "small model")
-    local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    owned = max(1, (available_cores() if cores is None else cores) // local)
-    return ThreadChoice(owned, f"the {'core' if owned == 1 else f'{owned} cores'} this process owns")
+        choice = ThreadChoice(1, "small model")
+    else:
+        local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        owned = max(1, (available_cores() if cores is None else cores) // local)
+        choice = ThreadChoice(owned, f"the {'core' if owned == 1 else f'{owned} cores'} this process owns")
+    cap = environ.get("OMP_NUM_THREADS", "").strip()
+    if cap.isdigit() and 0 < int(cap) < choice.count:
+        return ThreadChoice(int(cap), "OMP_NUM_THREADS")
+    return choice
 
 
 def use_threads(choice: ThreadChoice) -> None:
