@@ -343,7 +343,7 @@ class RunConfig:
     resume: str | None = None
     """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
     of the folder given by hydra.run.dir, or a fresh start if it has none). With mode=eval, also an
-    exported model/ folder."""
+    exported model/ folder; a run folder then means its model/ (its newest checkpoint when it has none)."""
     overwrite: bool = False
     """A new run in a hydra.run.dir that already holds a run: move the old folder aside to
     ``<folder>.replaced-<time>`` (never deleted) instead of refusing."""
