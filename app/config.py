@@ -92,10 +92,14 @@ class HardwareConfig:
     """A collective that waits longer than this fails the run instead of hanging it."""
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    num_threads: int | None = None
+    """torch's intra-op threads per process; null: one for a small model, else the process's share of the
+    cores, at most OMP_NUM_THREADS when set (app/engine/threads.py)."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
-        require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes})
+        require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes,
+                          "hardware.num_threads": self.num_threads})
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
 
@@ -274,9 +278,10 @@ class EarlyStoppingConfig:
     monitor: str = "eval/accuracy"
     mode: MonitorMode = MonitorMode.max
     patience: int | None = 3
-    """Evaluations without improvement before stopping; null disables metric-based stopping."""
+    """Evaluations without improvement before stopping; null disables metric-based stopping. The best
+    evaluation is the first that reached the best value (a tie is no improvement)."""
     min_delta: float = 0.0
-    """Smallest change that counts as an improvement."""
+    """Smallest change that counts as an improvement (over the last evaluation that made one)."""
     stop_on_nan: bool = True
     """Stop at once if the training loss is NaN or infinite."""
 
@@ -338,7 +343,7 @@ class RunConfig:
     resume: str | None = None
     """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
     of the folder given by hydra.run.dir, or a fresh start if it has none). With mode=eval, also an
-    exported model/ folder."""
+    exported model/ folder; a run folder then means its model/ (its newest checkpoint when it has none)."""
     overwrite: bool = False
     """A new run in a hydra.run.dir that already holds a run: move the old folder aside to
     ``<folder>.replaced-<time>`` (never deleted) instead of refusing."""

@@ -11,6 +11,9 @@ before any heavy import.
   checkpoint. The first write that finds the pipe closed points that descriptor at ``/dev/null``
   instead, so this write and every later one (Python's, a signal handler's, C code's) is dropped;
   the run's ``app.log`` keeps everything.
+- **Details** (each checkpoint saved, loaded or rotated away) are logged at DEBUG: they go to the
+  run's ``app.log`` only, unless Hydra's ``hydra.verbose`` asks for debug lines on the terminal too
+  (:func:`details_to_log_file`).
 - **A job of a parallel sweep launcher** (joblib runs several jobs on one terminal at once) writes
   its config tree, progress and log lines to its own ``app.log``; the terminal gets one line when the
   job starts and one when it ends (:func:`enter_parallel_job`, :func:`announce`).
@@ -120,6 +123,19 @@ def enter_parallel_job(number: int) -> None:
     for handler in list(root.handlers):
         if not isinstance(handler, logging.FileHandler):
             root.removeHandler(handler)
+
+
+def details_to_log_file() -> None:
+    """The app's DEBUG lines reach the log file but not the terminal: the ``app`` loggers let them
+    through, the root's other handlers stay at INFO. Left as it is when debug lines were asked for
+    (``hydra.verbose=app`` or ``true``: they show on the terminal as well)."""
+    app_log = logging.getLogger("app")
+    if app_log.isEnabledFor(logging.DEBUG):
+        return
+    app_log.setLevel(logging.DEBUG)
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, logging.FileHandler):
+            handler.setLevel(max(handler.level, logging.INFO))
 
 
 def announce(line: str) -> None:

@@ -93,6 +93,7 @@ def test_unknown_option_is_rejected(override):
     (["optim.freeze=['(']"], 0, "optim.freeze has '(', which is not a regular expression"),
     (["trainer.gradient_accumulation_steps=0"], 0, "gradient_accumulation_steps must be positive"),
     (["checkpoint.total_limit=0"], 0, "checkpoint.total_limit must be positive"),
+    (["hardware.num_threads=0"], 0, "hardware.num_threads must be positive"),
     (["hardware=multi_cpu", "hardware.num_processes=1"], 0, "needs at least 2 processes"),
     (["hardware=fsdp", "hardware.num_processes=1"], 0, "needs at least 2 processes"),
     (["hardware=cpu", "hardware.num_processes=2"], 0, "runs one process"),

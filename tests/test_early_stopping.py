@@ -11,7 +11,7 @@ from app.engine.triggers import EarlyStopping
 
 def first_stop(stopper: EarlyStopping, values: list[float]) -> int | None:
     for i, v in enumerate(values, start=1):
-        if stopper.update({"eval/accuracy": v}):
+        if stopper.update({"eval/accuracy": v}, step=10 * i):
             return i
     return None
 
@@ -28,12 +28,36 @@ def test_stops_at_the_expected_evaluation(mode, patience, min_delta, values, exp
     assert first_stop(EarlyStopping("eval/accuracy", mode, patience, min_delta), values) == expected
 
 
+@pytest.mark.parametrize("mode, min_delta, values, best, best_step", [
+    ("max", 0.0, [0.5, 0.8, 0.8, 0.7], 0.8, 20),          # a tie is not a new best: the first reaching it is
+    ("min", 0.0, [3.0, 2.0, 2.0, 2.0], 2.0, 20),
+    ("max", 0.05, [0.5, 0.54, 0.545, 0.5], 0.545, 30),    # within min_delta: no reset of patience, still the best
+    ("max", 0.0, [math.nan, 0.3, math.nan], 0.3, 20),
+])
+def test_the_best_is_the_first_evaluation_that_reached_it(mode, min_delta, values, best, best_step):
+    stopper = EarlyStopping("eval/accuracy", mode, None, min_delta)
+    first_stop(stopper, values)
+    assert (stopper.best, stopper.best_step) == (best, best_step)
+    assert stopper.best_metrics == {"eval/accuracy": best}
+
+
+def test_small_gains_add_up_to_an_improvement_against_the_last_one_that_counted():
+    # 0.5 counts; 0.53 and 0.56 are each within 0.05 of the one before, but 0.56 is 0.06 over 0.5.
+    stopper = EarlyStopping("eval/accuracy", "max", 2, 0.05)
+    assert first_stop(stopper, [0.5, 0.53, 0.56, 0.57, 0.58]) == 5
+    assert (stopper.reference, stopper.best, stopper.best_step) == (0.56, 0.58, 50)
+
+
 def test_state_round_trips():
     a = EarlyStopping("eval/accuracy", "max", 3)
     first_stop(a, [0.5, 0.4])
     b = EarlyStopping("eval/accuracy", "max", 3)
     b.load_state_dict(a.state_dict())
-    assert (b.best, b.bad_evaluations) == (0.5, 1)
+    assert (b.best, b.best_step, b.best_metrics, b.reference, b.bad_evaluations) == (0.5, 10, {"eval/accuracy": 0.5},
+                                                                                     0.5, 1)
+    old = EarlyStopping("eval/accuracy", "max", 3)  # a checkpoint from before best_step was recorded
+    old.load_state_dict({"best": 0.5, "bad_evaluations": 1})
+    assert (old.best, old.best_step, old.reference) == (0.5, None, 0.5)
 
 
 def test_unknown_monitor_names_the_available_metrics():

@@ -57,13 +57,17 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     assert evaluations and all(re.search(r"eval/accuracy=\d\.\d{4}(,|$)", e) for e in evaluations)
     assert "eval/num_samples=360" in evaluations[0]
     stopped = next(line for line in log_lines if "stopped:" in line)
-    assert re.search(r"best eval/accuracy = \d\.\d{4}$", stopped), stopped
+    assert re.search(r"best eval/accuracy = \d\.\d{4} \(step \d+\)$", stopped), stopped
     # At start: the config as a tree (coloured on this terminal, plain in the run folder) and the model.
     assert "├── trainer" in screen and "│   ├── max_epochs: 5" in screen
     assert re.search(r"\x1b\[[0-9;]*m(\x1b\[[0-9;]*m)?trainer", coloured)  # colours on a terminal
+    # Each checkpoint's line (saved, rotated) is in app.log, relative to the run folder, not on the terminal.
+    assert "checkpoint_" not in screen, screen
+    assert re.search(r"\]\[DEBUG\] - saved checkpoint checkpoints/checkpoint_0 \(step 20\)$",
+                     (tmp_path / "run" / "app.log").read_text(), re.MULTILINE)
     summary = next(line for line in log_lines if "parameters (" in line)
     assert re.search(r"training digits on 1 process\(es\); model MLP: [\d,]+ parameters \([\d,]+ trainable, "
-                     r"0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no", summary), summary
+                     r"0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no, 1 thread \(small model\)", summary), summary
 
 
 def test_config_tree_is_plain_when_not_on_a_terminal():
@@ -112,7 +116,7 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
     log_file = tmp_path / "run.log"
     with log_file.open("w") as out:  # python -m app ... > run.log 2>&1
         proc = subprocess.run([sys.executable, "-m", "app", "hydra.run.dir=run", "trainer.max_epochs=2",
-                               "logging.trackers=[]"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                               "logging.trackers=[]", "checkpoint.total_limit=1", "checkpoint.keep_best=false"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=110, check=False)
     text = log_file.read_text()
     assert proc.returncode == 0, text[-3000:]
@@ -123,6 +127,12 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
                           r"\d+ samples/s$", text, re.MULTILINE)
     assert [int(step) for step in progress] == list(range(10, 91, 10)), text[-3000:]
     assert all(LOG_LINE.match(line) or line[:1] in "c│├└" for line in text.splitlines()), text[-3000:]
+    # The epochs' checkpoint lines, relative to the run folder, are in app.log only (issue 29, item 10).
+    assert "checkpoint_" not in text, text[-3000:]
+    details = re.findall(r"\]\[DEBUG\] - (.*checkpoint_.*)$", (tmp_path / "run" / "app.log").read_text(), re.MULTILINE)
+    assert details == ["saved checkpoint checkpoints/checkpoint_0 (step 45)",
+                       "saved checkpoint checkpoints/checkpoint_1 (step 90)",
+                       "removed old checkpoint checkpoints/checkpoint_0 (checkpoint.total_limit=1)"], details
 
 
 def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):

@@ -18,6 +18,7 @@ from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.hardware import build_backend
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
+from app.engine.threads import choose_threads, use_threads
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.tasks import build_task
@@ -47,6 +48,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     check_monitor(cfg, task)  # again: a task may learn its metrics from its data (text_classification's problem)
     check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
+    # Before any work on the model: a small one trains fastest on one thread (app/engine/threads.py).
+    threads = choose_threads(cfg.hardware.num_threads, sum(p.numel() for p in model.parameters()))
+    use_threads(threads)
     frozen = freeze_parameters(model, list(cfg.optim.freeze))
     if frozen:
         log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
@@ -71,7 +75,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
                       show_progress=accelerator.is_main_process and cfg.logging.progress_bar,
-                      extra_eval_loaders=dict(zip(data.extra_eval, extra_loaders)))
+                      extra_eval_loaders=dict(zip(data.extra_eval, extra_loaders)), threads=threads)
 
 
 def check_monitor(cfg: RunConfig, task: Task) -> None:

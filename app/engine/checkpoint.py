@@ -14,10 +14,12 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +63,16 @@ class TrainerState:
         self.rank, self.world_size = rank, world_size
         self.loss_sums: list[float] = []
         """Set by the policy right before a save: loop.loss_sum of every rank."""
+        self.restores = True
+        """False while :meth:`kept`: a load leaves the loop and early stopping as they are."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"loop": self.loop.state_dict(), "early_stopping": self.stopper.state_dict(),
                 "loss_sums": self.loss_sums}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.restores:
+            return
         self.loop.load_state_dict(state["loop"])
         self.stopper.load_state_dict(state["early_stopping"])
         sums = state.get("loss_sums") or []
@@ -74,6 +80,17 @@ class TrainerState:
             self.loop.loss_sum = sums[self.rank]
         elif sums:  # another world size: the logged loss of the first window is an approximation
             self.loop.loss_sum = sum(sums) / len(sums)
+
+    @contextlib.contextmanager
+    def kept(self) -> Iterator[None]:
+        """Loads inside leave this run's loop state and early stopping alone: the export reads an earlier
+        checkpoint's weights after training, and the run's steps, stop reason and best must still say
+        what happened."""
+        self.restores = False
+        try:
+            yield
+        finally:
+            self.restores = True
 
 
 class CheckpointPolicy:
@@ -91,6 +108,8 @@ class CheckpointPolicy:
         self.config_hash = config_hash(cfg)
         self.stopper = stopper
         self.last_saved_step: int | None = None
+        self.last_saved: str | None = None
+        """The name of the checkpoint holding the state at ``last_saved_step``."""
         self.trainer_state = TrainerState(state, stopper, self.acc.process_index, self.acc.num_processes)
         self.acc.register_for_checkpointing(self.trainer_state)
         if components.weight_average is not None:
@@ -130,11 +149,12 @@ class CheckpointPolicy:
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
         folder = self.acc.save_state(metadata=metadata)
-        self.last_saved_step = state.global_step
+        self.last_saved_step, self.last_saved = state.global_step, folder.name
         if self.acc.is_main_process:
             fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
             for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
-                log.info("removed old checkpoint %s (checkpoint.total_limit=%s)", removed, self.cfg.total_limit)
+                log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
+                          self.cfg.total_limit)
         return folder
 
     # -- resume --------------------------------------------------------------------------------------
@@ -153,7 +173,8 @@ class CheckpointPolicy:
         else:
             source = Path(resume)
         manifest: Manifest = acc.load_state(source, config_hash=self.config_hash)
-        self.last_saved_step = manifest.step
+        log.info("resumed from %s (step %s, epoch %s)", manifest.folder, manifest.step, manifest.epoch)
+        self.last_saved_step, self.last_saved = manifest.step, Path(manifest.folder).name
         # Resuming means going on: whatever stopped the saved run (max_steps, an interrupt, early
         # stopping) is decided again under this run's settings.
         self.state.stop_reason = None
@@ -182,36 +203,53 @@ class CheckpointPolicy:
         """Put the weights to export into the model and describe them (``model/export.json``).
 
         ``best``: the final weights when the final evaluation is the best, else the checkpoint holding
-        the best evaluation is loaded; when no checkpoint holds it (it was measured between saves), the
-        final weights are exported and the metadata says so."""
+        the best evaluation is loaded (its weights only: this run's loop state and early stopping stay
+        as training left them); when no checkpoint holds it (it was measured between saves), the final
+        weights are exported and the metadata says so. ``checkpoint`` names the checkpoint holding the
+        exported weights (absent when none does), ``metrics`` their evaluation."""
         state, monitor = self.state, self.monitor
-        final_metric = state.last_metrics.get(monitor) if state.last_eval_step == state.global_step else None
+        evaluated = state.last_eval_step == state.global_step
+        final_metric = state.last_metrics.get(monitor) if evaluated else None
         described: dict[str, Any] = {
             "exported": "last", "step": state.global_step, "epoch": state.epoch, "final_step": state.global_step,
             "metric": None if final_metric is None else {"name": monitor, "value": float(final_metric),
                                                           "mode": self.mode},
+            "metrics": evaluation_metrics(state.last_metrics) if evaluated else {},
         }
-        best = self.stopper.best
-        if choice is ExportChoice.last or best is None or final_metric == best:
+        if self.last_saved_step == state.global_step and self.last_saved is not None:
+            described["checkpoint"] = self.last_saved  # the final state's checkpoint holds these weights
+        stopper = self.stopper
+        best, best_step = stopper.best, stopper.best_step
+        # The best is the first evaluation that reached it (EarlyStopping): a later tie is not exported.
+        final_is_best = final_metric == best if best_step is None else best_step == state.global_step and evaluated
+        if choice is ExportChoice.last or best is None or final_is_best:
             described["exported"] = "last" if choice is ExportChoice.last else "best"
             return described
         found: tuple[str, Manifest] | None = None
         if self.acc.is_main_process:
-            for path, saved in complete_checkpoints(self.root):
-                if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor:
-                    found = (str(path), saved)
+            found = next(((str(path), saved) for path, saved in complete_checkpoints(self.root)
+                          if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor
+                          and best_step in (None, saved.step)), None)
         found = self.acc.broadcast_object(found)
         if found is None:
-            log.warning("the best evaluation (%s = %s) has no checkpoint (it fell between saves): exporting the "
-                        "final weights; save a checkpoint at every evaluation to export the best",
-                        monitor, human(best))
+            log.warning("the best evaluation (step %s, %s = %s) has no checkpoint (it fell between saves): exporting "
+                        "the final weights; save a checkpoint at every evaluation to export the best",
+                        best_step, monitor, human(best))
             described["exported"] = "last (best not saved)"
             return described
         chosen, manifest = found
-        log.info("exporting the best evaluation: step %d, %s = %s (%s)", manifest.step, monitor, human(best), chosen)
-        self.acc.load_state(chosen)
+        log.info("exporting the best evaluation: step %d, %s = %s (loading %s)", manifest.step, monitor, human(best),
+                 Path(chosen).relative_to(self.run_dir))
+        with self.trainer_state.kept():
+            self.acc.load_state(chosen)
         return {**described, "exported": "best", "step": manifest.step, "epoch": manifest.epoch,
-                "checkpoint": Path(chosen).name, "metric": manifest.metric}
+                "checkpoint": Path(chosen).name, "metric": manifest.metric,
+                "metrics": evaluation_metrics(self.stopper.best_metrics)}
+
+
+def evaluation_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """An evaluation's metrics as logged, without the epoch the loop adds to them."""
+    return {key: value for key, value in metrics.items() if key != "epoch"}
 
 
 def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[str, Any]:

@@ -3,7 +3,11 @@ before Hydra starts, in ``app/launching/resume_argv.py``.)"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+from app.run_layout import EXPORT_FILE, model_dir
 
 
 def is_model_folder(path: Path) -> bool:
@@ -11,3 +15,20 @@ def is_model_folder(path: Path) -> bool:
     in one file or in shards with an index), not a checkpoint."""
     return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file())
             and not (path / "manifest.json").exists())
+
+
+def exported_model_of(run_folder: Path) -> Path | None:
+    """The model a run folder exported (``<run folder>/model/``), None when it has none. ``mode=eval
+    resume=<run folder>`` evaluates it: the weights the run chose to keep (its best evaluation's, with
+    ``checkpoint.export=best``), not whatever its newest checkpoint holds."""
+    exported = model_dir(run_folder)
+    return exported if is_model_folder(exported) else None
+
+
+def export_description(model_folder: Path) -> dict[str, Any]:
+    """``model/export.json`` (which weights, from which step and checkpoint); empty when absent or unreadable."""
+    try:
+        described = json.loads((model_folder / EXPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return described if isinstance(described, dict) else {}

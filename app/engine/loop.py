@@ -25,6 +25,7 @@ from app.distributed.step_flags import StepFlag
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
+from app.engine.threads import ThreadChoice
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
@@ -109,6 +110,8 @@ class Components:
     extra_eval_loaders: dict[str, Any] = field(default_factory=dict)
     """Further evaluation sets by name (``TaskData.extra_eval``): evaluated after ``eval_loader``, their
     metrics reported as ``eval/<metric>_<name>`` (GLUE MNLI: ``mm``, ``eval/accuracy_mm``)."""
+    threads: ThreadChoice | None = None
+    """torch's intra-op threads in this process and why (``app.engine.threads``), for the model summary."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -430,4 +433,4 @@ def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping) -> t
     state.last_eval_step = state.global_step
     acc.log(metrics, step=state.global_step)
     log.info("step %d: %s", state.global_step, human_metrics(metrics, prefix="eval/"))
-    return metrics, stopper.update(metrics)
+    return metrics, stopper.update(metrics, state.global_step)

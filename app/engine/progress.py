@@ -59,7 +59,13 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
                             file=sys.stderr, mininterval=0.5, leave=leave)
+            root = logging.getLogger()
+            before = list(root.handlers)
+            console_level = max((h.level for h in before if not isinstance(h, logging.FileHandler)), default=0)
             self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
+            for handler in root.handlers:  # tqdm's stand-in for the console's handler, at its level
+                if handler not in before:
+                    handler.setLevel(console_level)
         elif enabled and leave and total:
             self.plain = PlainProgress(desc, total, initial, unit)
 

@@ -3,6 +3,14 @@
 A sweep's report reads it to tell the jobs apart (finished, ended on a non-finite loss, failed);
 a folder without it was interrupted (killed, preempted) or never started. A resumed sweep reads the
 objective of a finished job back from it instead of training the job again.
+
+Its fields (``app.engine.run``): ``status`` (below); ``monitor`` and ``mode`` (early_stopping's);
+``best``, the best value of the monitored metric, and ``best_step``, the optimizer step of the
+evaluation that first reached it; ``objective`` (:func:`objective`); ``steps``, the optimizer steps
+trained when the run ended (over all of a resumed run's segments); ``stop_reason``, the sentence the log
+ends training with; ``exported``, what ``model/`` holds (None: nothing exported): ``weights`` (best,
+last, or last (best not saved)), the ``checkpoint`` holding them (None: none does), their ``step`` and
+their evaluation's ``metrics``; ``wall_time_s`` of this segment; ``error`` when it failed or diverged.
 """
 
 from __future__ import annotations

@@ -83,11 +83,12 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
     state = LoopState()
     trained = False
 
-    def record(status: str, **extra: object) -> None:
+    def record(status: str, exported: dict[str, Any] | None = None, **extra: object) -> None:
         if accelerator.is_main_process:
             write_result(run_dir, status=status, monitor=stopper.monitor, mode=stopper.mode, best=stopper.best,
-                         objective=objective(stopper.best, status), steps=state.global_step,
-                         stop_reason=state.stop_reason, wall_time_s=round(time.monotonic() - started, 3), **extra)
+                         best_step=stopper.best_step, objective=objective(stopper.best, status),
+                         steps=state.global_step, stop_reason=state.stop_reason, exported=exported,
+                         wall_time_s=round(time.monotonic() - started, 3), **extra)
 
     try:
         components = build_components(cfg, accelerator)
@@ -104,13 +105,14 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
                                   init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
-                               accelerator.device, accelerator.mixed_precision),
+                               accelerator.device, accelerator.mixed_precision, components.threads),
                  run_dir)
         trained = True  # from here on, the run folder has this run's steps
         with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
                 profiling(cfg, accelerator, run_dir) as components.profiler:
             fit(components, cfg, state, stopper, checkpoints, interrupts)
-        log.info("stopped: %s; best %s = %s", state.stop_reason, stopper.monitor, human(stopper.best))
+        log.info("stopped: %s; best %s = %s%s", state.stop_reason, stopper.monitor, human(stopper.best),
+                 "" if stopper.best_step is None else f" (step {stopper.best_step})")
         if state.stop_signal is not None:
             interrupted = RunInterrupted(state.stop_signal, state.global_step, str(run_dir))
             log.info("%s", interrupted)
@@ -127,7 +129,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
             export_model(components, model_dir(run_dir), metadata)
         # A pruned trial stopped as on an early stop and exported alike; only its status says pruned.
         status = FINISHED if components.pruning.pruned_at is None else PRUNED
-        record(status)
+        record(status, exported=exported_model(metadata) if cfg.checkpoint.save_final_model else None)
         return objective(stopper.best, status)
     except ConfigError:
         raise  # refused input, reported as such: the run never started
@@ -149,6 +151,13 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         raise
     finally:
         accelerator.end_training()
+
+
+def exported_model(metadata: dict[str, Any]) -> dict[str, Any]:
+    """result.json's ``exported``: which weights ``model/`` holds, the checkpoint holding them (None:
+    none does), their step and their evaluation's metrics (``model/export.json`` says the same)."""
+    return {"weights": metadata["exported"], "checkpoint": metadata.get("checkpoint"), "step": metadata["step"],
+            "metrics": metadata["metrics"]}
 
 
 def diverged(state: LoopState, run_dir: Path) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from torch import nn
 
 
-def model_summary(model: nn.Module, hardware: str, device: object, precision: str) -> str:
+def model_summary(model: nn.Module, hardware: str, device: object, precision: str, threads: object = None) -> str:
     """e.g. ``model MLP: 17,226 parameters (17,226 trainable, 0 frozen), 0.07 MB; hardware cpu on cpu,
-    precision no``. Sharded parameters count with their full size."""
+    precision no, 1 thread (small model)``: ``threads`` is torch's intra-op threads and why
+    (``app.engine.threads``). Sharded parameters count with their full size."""
     total = trainable = size = 0
     for p in model.parameters():
         total += p.numel()
@@ -16,4 +17,4 @@ def model_summary(model: nn.Module, hardware: str, device: object, precision: st
             trainable += p.numel()
     return (f"model {type(model).__name__}: {total:,} parameters ({trainable:,} trainable, "
             f"{total - trainable:,} frozen), {size / 2**20:.2f} MB; hardware {hardware} on {device}, "
-            f"precision {precision}")
+            f"precision {precision}" + ("" if threads is None else f", {threads}"))

@@ -21,7 +21,7 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig
 from app.configure import validate
-from app.console import in_parallel_job
+from app.console import details_to_log_file, in_parallel_job
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
 from app.run_folder import write_hydra_record
@@ -177,6 +177,8 @@ def configure_worker_logging(rank: int, log_file: str | None) -> None:
         handler.setFormatter(formatter)
         root.addHandler(handler)
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    if rank == 0:
+        details_to_log_file()
 
 
 def _current_log_file() -> str | None:

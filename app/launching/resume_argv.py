@@ -7,8 +7,8 @@ then the new ones (which win), then
 ``hydra.run.dir=<original run folder>``. The resumed run so logs into the same folder, continues the
 checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it.
 
-With ``mode=eval`` the path may also be an exported ``model/`` folder, and no ``hydra.run.dir`` is
-added: the evaluation gets a new run folder.
+With ``mode=eval`` the path may also be an exported ``model/`` folder (a run folder means its
+``model/``, when it has one), and no ``hydra.run.dir`` is added: the evaluation gets a new run folder.
 
 A job SLURM started again (requeued: ``SLURM_RESTART_COUNT`` > 0) without ``resume=`` gets
 ``resume=auto``: it continues its run folder's newest valid checkpoint (``app.launching.slurm``).
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from app.engine.checkpoint_resume import is_model_folder
+from app.engine.checkpoint_resume import exported_model_of, is_model_folder
 from app.launching.overrides import override_key, quote, unquote
 from app.launching.slurm import requeued
 from app.run_layout import HYDRA_OVERRIDES, hydra_file
@@ -64,6 +64,8 @@ def argv_for_resume(argv: list[str]) -> list[str]:
 
     if evaluating and is_model_folder(Path(value)):
         run_folder = Path(value).parent
+    elif evaluating and exported_model_of(Path(value)) is not None:
+        run_folder = Path(value)  # its export is evaluated (app.engine.evaluate_saved), checkpoints or not
     else:
         run_folder = run_folder_of(find_checkpoint(Path(value), deep=False))
     # A group chosen anew (hardware=cpu) starts from that option's defaults: the earlier run's keys

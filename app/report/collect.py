@@ -122,8 +122,10 @@ def read_job(folder: Path) -> JobRow:
     evaluations = [e for e in events if monitor in e]
     finite = [(step, v) for step, v in curve if math.isfinite(v)]
     best_step, best = (None, None)
-    if finite:
-        # The first evaluation that reached the best value (early stopping keeps the first too).
+    if isinstance(result.get("best_step"), int) and isinstance(result.get("best"), (int, float)):
+        best_step, best = result["best_step"], float(result["best"])  # the run's own word for it
+    elif finite:
+        # The first evaluation that reached the best value (the run's rule: app.engine.triggers).
         pick = max if mode == "max" else min
         best = pick(v for _, v in finite)
         best_step = next(step for step, v in finite if v == best)

@@ -322,14 +322,15 @@ def clean_temporaries(root: Path) -> None:
 
 
 def best_checkpoint(checkpoints: list[tuple[Path, Manifest]]) -> Path | None:
-    """The checkpoint with the best recorded metric (the newest among equals)."""
+    """The checkpoint with the best recorded metric: the oldest among equals (the best is the first
+    evaluation that reached it, as the engine's early stopping counts)."""
     best: tuple[Path, float] | None = None
     for path, manifest in checkpoints:
         value = manifest.metric_value()
         if value is None:
             continue
         sign = -1.0 if (manifest.metric or {}).get("mode") == "min" else 1.0
-        if best is None or sign * value >= sign * best[1]:
+        if best is None or sign * value > sign * best[1]:
             best = (path, value)
     return best[0] if best else None
 

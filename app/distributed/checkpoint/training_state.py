@@ -113,6 +113,8 @@ def save_state(backend: Backend, objects: TrainingObjects, output_dir: str | os.
             raise
         # A partial checkpoint is never chosen (it has no manifest); remove it now, not at the next save.
         raise store.disk_full(final.parent, temporary if main else None, final.name) from None
+    if main:  # at DEBUG: one per save is clutter on a terminal (the engine's log file keeps it)
+        log.debug("saved checkpoint %s (step %s)", shown(saved, project_dir), (metadata or {}).get("step", 0))
     if output_dir is None and total_limit is not None:  # the same on every rank
         # ProjectConfiguration(total_limit=N), as in Accelerate: only the N newest project checkpoints
         # stay, removed once the new one is complete (never the one just written); nobody moves on
@@ -159,7 +161,6 @@ def _write_checkpoint(backend: Backend, objects: TrainingObjects, temporary: Pat
         manifest = Manifest(save_number=number, world_size=backend.num_processes, files=dict(sorted(files.items())),
                             extra=extra, **fields)
         store.commit(temporary, final, manifest)
-        log.info("saved checkpoint %s (step %s)", final, manifest.step)
     # Nobody moves on (to rotate, or to read it) before the checkpoint is in place.
     backend.barrier()
     return final
@@ -232,5 +233,13 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
     counters = Counters(step=int(saved["step"]), micro_step=int(saved["micro_step"]),
                         seed=int(saved["seed"]) if saved.get("seed") is not None else objects.counters.seed)
     restore_rng(folder, backend, manifest)
-    log.info("resumed from %s (step %s, epoch %s)", folder, manifest.step, manifest.epoch)
+    # The caller says why it loaded (resumed, exporting, evaluating).
+    log.debug("loaded checkpoint %s (step %s, epoch %s)", shown(folder, project_dir), manifest.step, manifest.epoch)
     return manifest, counters
+
+
+def shown(folder: Path, project_dir: Path | None) -> Path:
+    """``folder`` as a log line names it: relative to the project (``checkpoints/checkpoint_3``) when inside it."""
+    if project_dir is not None and folder.is_relative_to(project_dir):
+        return folder.relative_to(project_dir)
+    return folder
