@@ -17,6 +17,7 @@ class CudaOps(DeviceOps):
     # CUDA tensors go through nccl; CPU tensors (pickled objects, CPU metrics) through gloo.
     collective_backend = "cpu:gloo,cuda:nccl"
     precisions = frozenset({"no", "bf16", "fp16"})
+    pinned_memory = True
 
     def local_device(self, local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank)
