@@ -248,6 +248,14 @@ class CheckpointConfig:
     """Which weights ``model/`` gets: ``best`` (the evaluation with the best ``early_stopping.monitor``,
     from its checkpoint) or ``last`` (the final weights); null: best when checkpoints are saved and the
     best is kept (keep_best), else last."""
+    async_save: bool = True
+    """Write checkpoints in the background: the loop copies the state off the device (into host buffers
+    kept for the run, pinned on GPUs) and trains on while a writer thread writes, fsyncs and commits
+    it; the next save, an interrupt and the end of the run wait for it. Every guarantee of a checkpoint
+    stays (a crash mid-write leaves the previous one the newest complete one). Not safe where the host
+    cannot hold one more copy of the weights and optimizer state: a save whose copy would take more
+    than half the available host memory is written synchronously (said in the log); set false to
+    always stop the loop for the write (and hold no copy)."""
 
     @property
     def enabled(self) -> bool:

@@ -4,7 +4,9 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
-  the best by ``early_stopping.monitor`` with ``keep_best``.
+  the best by ``early_stopping.monitor`` with ``keep_best``. With ``checkpoint.async_save`` a save
+  copies the state and training goes on while it is written; rotation runs once it is complete, and
+  the end of training (an interrupt included) waits for it.
 - :meth:`CheckpointPolicy.resume` restores ``resume=<path>|auto``: weights, optimizer, scheduler,
   RNG states, data position and loop state, so the run continues bit for bit; ``metrics.jsonl`` is
   cut back to what it held at the checkpoint and TensorBoard hides the later events.
@@ -97,6 +99,11 @@ class CheckpointPolicy:
             self.acc.register_for_checkpointing(components.weight_average)
 
     # -- CheckpointHook ------------------------------------------------------------------------------
+    @property
+    def saves_on_steps(self) -> bool:
+        """Whether on_step_end may save (checkpoint.every_n_steps); the loop calls it only then."""
+        return self.cfg.every_n_steps is not None
+
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         if self.cfg.every_n_steps is not None and state.global_step % self.cfg.every_n_steps == 0:
             self.save(state)
@@ -107,14 +114,17 @@ class CheckpointPolicy:
 
     def on_train_end(self, state: LoopState) -> None:
         """Always leave the final state (unless checkpoints are off): a max_steps end mid-epoch, an
-        early stop between checkpoints or an interrupt all resume exactly from here."""
+        early stop between checkpoints or an interrupt all resume exactly from here. What follows
+        (evaluation, export, an interrupted run's exit) finds every checkpoint complete."""
         if self.cfg.enabled and self.last_saved_step != state.global_step:
             self.save(state)
+        self.acc.wait_for_checkpoint()
 
     def save(self, state: LoopState) -> Path | None:
-        """Write ``checkpoints/checkpoint_<N>``, then rotate (main process, after it is complete).
-        Weights that are no longer finite are not saved (None): the newest checkpoint stays the
-        last finite one, and rotation never removes it for a useless one."""
+        """Write ``checkpoints/checkpoint_<N>`` (with async_save: in the background; the folder
+        returned is complete once ``wait_for_checkpoint`` returns), then rotate (main process, after it
+        is complete). Weights that are no longer finite are not saved (None): the newest checkpoint
+        stays the last finite one, and rotation never removes it for a useless one."""
         if not weights_are_finite(self.c):
             log.warning("not saving a checkpoint at step %d: the weights are not finite", state.global_step)
             return None
@@ -128,13 +138,15 @@ class CheckpointPolicy:
             "metrics_jsonl_bytes": metrics.stat().st_size if metrics.exists() else 0,
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
-        folder = self.acc.save_state(metadata=metadata)
+        folder = self.acc.save_state(metadata=metadata, async_save=self.cfg.async_save, on_complete=self.rotate)
         self.last_saved_step = state.global_step
-        if self.acc.is_main_process:
-            fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
-            for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
-                log.info("removed old checkpoint %s (checkpoint.total_limit=%s)", removed, self.cfg.total_limit)
         return folder
+
+    def rotate(self, folder: Path) -> None:
+        """Once ``folder`` is complete (main process; with async_save on the writer thread)."""
+        fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
+        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
+            log.info("removed old checkpoint %s (checkpoint.total_limit=%s)", removed, self.cfg.total_limit)
 
     # -- resume --------------------------------------------------------------------------------------
     def resume(self, resume: str | None) -> Manifest | None:
@@ -191,6 +203,7 @@ class CheckpointPolicy:
                                                           "mode": self.mode},
         }
         best = self.stopper.best
+        self.acc.wait_for_checkpoint()  # the best one may be the one still being written
         if choice is ExportChoice.last or best is None or final_metric == best:
             described["exported"] = "last" if choice is ExportChoice.last else "best"
             return described
