@@ -53,6 +53,7 @@ from app.distributed.data import DataLoaderShard, GradientState, shard_dataloade
 from app.distributed.data import skip_first_batches as _skip_first_batches
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
+from app.distributed.hardware.peak_flops import compute_type, peak_flops
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
@@ -174,6 +175,18 @@ class Accelerator(ProcessControl):
     @property
     def mixed_precision(self) -> str:
         return self.precision.name
+
+    def peak_flops(self) -> float | None:
+        """One device's peak FLOP/s for this run's compute type (bf16/fp16 autocast, else fp32 or TF32
+        as ``torch.get_float32_matmul_precision()`` allows), from a table of GPUs and TPUs by the name
+        the device reports (``app/distributed/hardware/peak_flops.py``); None where the device is not in
+        it (a CPU). The denominator of the training log's ``train/mfu``.
+
+        >>> accelerator.peak_flops()   # on an H100 SXM in bf16
+        989400000000000.0
+        """
+        kind = compute_type(self.mixed_precision, torch.get_float32_matmul_precision())
+        return peak_flops(self.backend.ops.device_name(self.device), kind)
 
     @property
     def sync_gradients(self) -> bool:

@@ -31,6 +31,9 @@ class CudaOps(DeviceOps):
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
 
+    def device_name(self, device: torch.device) -> str | None:
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
+
     def free_memory(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

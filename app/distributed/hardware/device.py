@@ -52,6 +52,11 @@ class DeviceOps:
         """Restore what :meth:`rng_state` captured; keys this device does not know are ignored (a
         checkpoint written on another device type)."""
 
+    def device_name(self, device: torch.device) -> str | None:
+        """The chip's name as the device reports it (``NVIDIA H100 80GB HBM3``, ``TPU v5 lite``), by
+        which ``peak_flops`` finds its peak; None where it has none to report (a CPU)."""
+        return None
+
     def free_memory(self) -> None:
         """Release memory the device's allocator caches."""
 
