@@ -92,12 +92,18 @@ class HardwareConfig:
     """A collective that waits longer than this fails the run instead of hanging it."""
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    peak_tflops: float | None = None
+    """One device's peak TFLOP/s for the run's precision: the denominator of the training log's
+    ``train/mfu``. null: from the table of common GPUs and TPUs by the name the device reports
+    (app/distributed/hardware/peak_flops.py); a device not in it (a CPU) logs a null MFU."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
         require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes})
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ConfigError("hardware.peak_tflops must be positive (or null: from the device's name).")
 
 
 @dataclass

@@ -269,7 +269,8 @@ class Training:
         self.stop_on_nan = cfg.early_stopping.stop_on_nan
         self.several_processes = acc.num_processes > 1
         if c.throughput is None:
-            c.throughput = Throughput(acc, c.task, c.model, c.train_loader.batch_size * acc.num_processes)
+            peak = cfg.hardware.peak_tflops * 1e12 if cfg.hardware.peak_tflops is not None else acc.peak_flops()
+            c.throughput = Throughput(acc, c.task, c.model, c.train_loader.batch_size * acc.num_processes, peak)
         self.throughput = c.throughput
         self.batches_per_epoch = len(c.train_loader)
         self.stop: StopReason | None = None

@@ -2,17 +2,17 @@
 that count tokens) and ``train/mfu`` in every training log line and ``metrics.jsonl`` row, and their
 means over the run in its last line.
 
-- **Tokens**: a task may count the tokens of a batch (``Task.tokens_in_batch``, a 0-d tensor on the
-  batch's device: a text task's non-padding tokens, a language model's label tokens). They are summed
-  on the device as the batches are drawn (no host sync per step) and read at log steps; a task
-  without it has no tokens key, and its steps pay nothing for it.
+- **Tokens**: a task may count the tokens of a batch (``Task.tokens_in_batch``: an int, or a 0-d
+  tensor on the batch's device, which spares a host read per batch; a text task's non-padding tokens,
+  a language model's label tokens). They are summed on the device as the batches are drawn and read
+  at log steps; a task without it has no tokens key, and its steps pay nothing for it.
 - **FLOPs**, forward and backward, as torchtitan counts them: a transformer (a module whose config
   names its layers, heads and width) costs ``6·N + 12·L·H·Q·T`` per token, N its parameters outside
   the embedding tables, L layers, H heads of width Q, T the window's mean sequence length (its tokens
   per sample); any other model ``6·N`` per sample. A task may know better: ``flops_per_token()``.
 - **MFU**, as Lightning's ``ThroughputMonitor`` reports ``device/mfu``: FLOP/s per device divided by the
-  device's peak for the run's precision (``Accelerator.peak_flops``); null where that peak is unknown
-  (CPU). A fraction: 0.45 is 45 %.
+  device's peak for the run's precision (``hardware.peak_tflops``, else ``Accelerator.peak_flops``); null where that
+  peak is unknown (CPU). A fraction: 0.45 is 45 %.
 """
 
 from __future__ import annotations
@@ -63,14 +63,16 @@ def dense_parameters(model: nn.Module) -> int:
 class Throughput:
     """The throughput of each log window (:meth:`window`) and of the whole run (:meth:`means`)."""
 
-    def __init__(self, accelerator: Accelerator, task: Any, model: nn.Module, global_batch: int):
+    def __init__(self, accelerator: Accelerator, task: Any, model: nn.Module, global_batch: int,
+                 peak_flops: float | None):
+        """``peak_flops``: one device's peak FLOP/s for the run's precision (``hardware.peak_tflops``, else
+        ``Accelerator.peak_flops()``); None: unknown, MFU null."""
         self.acc = accelerator
         self.global_batch = global_batch
         self.several_processes = accelerator.num_processes > 1
         inner = accelerator.unwrap_model(model)
         dense = dense_parameters(inner)
-        peak = accelerator.peak_flops()
-        self.flop_fraction = 1.0 / (accelerator.num_processes * peak) if peak else None
+        self.flop_fraction = 1.0 / (accelerator.num_processes * peak_flops) if peak_flops else None
         """What one FLOP per second of the whole run is of the devices' peak (None: peak unknown)."""
         self.mfu_per_sample = 6.0 * dense * self.flop_fraction if self.flop_fraction is not None else None
         self.count_tokens = getattr(task, "tokens_in_batch", None)
@@ -90,7 +92,8 @@ class Throughput:
         process that took ``seconds`` (and the start of the next)."""
 
     def counted(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """``batches``, each one's tokens added to :attr:`tokens` as it is drawn (a device op, no sync)."""
+        """``batches``, each one's tokens added to :attr:`tokens` as it is drawn (a device op: no sync
+        unless the task read its count back itself)."""
         tokens, count = self.tokens, self.count_tokens
         assert count is not None
         for batch in batches:

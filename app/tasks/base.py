@@ -139,11 +139,12 @@ class CountsTokens(Protocol):
     """A task whose batches have tokens worth counting: the training log then shows
     ``train/tokens_per_s`` (and MFU is counted per token; see ``app/engine/throughput.py``)."""
 
-    def tokens_in_batch(self, batch: Any) -> torch.Tensor:
-        """The tokens of a training batch (already on the device) that the model learns from, as a 0-d
-        integer tensor on the batch's device: a text classifier's non-padding tokens (its attention
-        mask's sum), a language model's label tokens. Called once per micro-batch as it is drawn and
-        summed on the device, so it must not read anything back to the host (no ``.item()``)."""
+    def tokens_in_batch(self, batch: Any) -> int | torch.Tensor:
+        """The tokens of a training batch (already on the device) that the model learns from: a text
+        classifier's non-padding tokens (its attention mask's sum), a language model's label tokens.
+        Called once per micro-batch as it is drawn. An int is fine; a 0-d integer tensor on the batch's
+        device (``mask.sum()``, no ``.item()``) is summed there and read only at log steps, which
+        spares an accelerator a host sync per batch."""
         ...
 
 

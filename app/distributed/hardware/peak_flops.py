@@ -26,7 +26,8 @@ GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"a100", {"fp32": 19.5 * T, "tf32": 156 * T, "bf16": 312 * T, "fp16": 312 * T}),
     (r"l40s", {"fp32": 91.6 * T, "tf32": 183 * T, "bf16": 362 * T, "fp16": 362 * T}),
     (r"\bl4\b", {"fp32": 30.3 * T, "tf32": 60 * T, "bf16": 121 * T, "fp16": 121 * T}),
-    (r"\ba10g?\b", {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T}),
+    # The A10 itself: AWS's A10G is another chip (not in the table).
+    (r"\ba10\b", {"fp32": 31.2 * T, "tf32": 62.5 * T, "bf16": 125 * T, "fp16": 125 * T}),
     # Volta and Turing have no bf16 tensor cores: a bf16 run there has no peak to compare with.
     (r"v100.*pcie", {"fp32": 14 * T, "fp16": 112 * T}),
     (r"v100", {"fp32": 15.7 * T, "fp16": 125 * T}),
