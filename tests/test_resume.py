@@ -96,7 +96,7 @@ def killed_during_background_write(cwd: Path, root: Path, run: Path, *args: str)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_killed_anywhere_and_resumed_ends_bitwise_identical(tmp_path):
     reference, run = tmp_path / "reference", tmp_path / "run"
     root = run / "checkpoints"
