@@ -121,9 +121,9 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
         fail(str(err), exit_code=1)
     except (RuntimeError, OSError) as err:
         # Imported here: app.distributed imports torch, which a refused config must not wait for.
-        from app.distributed.checkpoint.errors import DISK_FULL_ERRNOS, DiskFullError
+        from app.distributed.checkpoint.errors import DISK_FULL_ERRNOS, CheckpointWriteError, DiskFullError
 
-        if isinstance(err, DiskFullError):
+        if isinstance(err, (DiskFullError, CheckpointWriteError)):
             fail(str(err), exit_code=1)
         if not isinstance(err, OSError) or err.errno not in DISK_FULL_ERRNOS:
             raise

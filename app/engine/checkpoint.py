@@ -4,7 +4,9 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
-  the best by ``early_stopping.monitor`` with ``keep_best``.
+  the best by ``early_stopping.monitor`` with ``keep_best``. With ``checkpoint.async_save`` a save
+  copies the state and training goes on while it is written; rotation runs once it is complete, and
+  the end of training (an interrupt included) waits for it.
 - :meth:`CheckpointPolicy.resume` restores ``resume=<path>|auto``: weights, optimizer, scheduler,
   RNG states, data position and loop state, so the run continues bit for bit; ``metrics.jsonl`` is
   cut back to what it held at the checkpoint and TensorBoard hides the later events.
@@ -116,6 +118,11 @@ class CheckpointPolicy:
             self.acc.register_for_checkpointing(components.weight_average)
 
     # -- CheckpointHook ------------------------------------------------------------------------------
+    @property
+    def saves_on_steps(self) -> bool:
+        """Whether on_step_end may save (checkpoint.every_n_steps); the loop calls it only then."""
+        return self.cfg.every_n_steps is not None
+
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         if self.cfg.every_n_steps is not None and state.global_step % self.cfg.every_n_steps == 0:
             self.save(state)
@@ -127,14 +134,17 @@ class CheckpointPolicy:
     def on_train_end(self, state: LoopState) -> None:
         """Always leave the final state (unless checkpoints are off): a max_steps end mid-epoch, an
         early stop between checkpoints or an interrupt all resume exactly from here. A stop signal
-        (preemption, a time limit) saves even when checkpoints are off: its resume command must work."""
+        (preemption, a time limit) saves even when checkpoints are off: its resume command must work.
+        What follows (evaluation, export, an interrupted run's exit) finds every checkpoint complete."""
         if (self.cfg.enabled or state.stop_signal is not None) and self.last_saved_step != state.global_step:
             self.save(state)
+        self.acc.wait_for_checkpoint()
 
     def save(self, state: LoopState) -> Path | None:
-        """Write ``checkpoints/checkpoint_<N>``, then rotate (main process, after it is complete).
-        Weights that are no longer finite are not saved (None): the newest checkpoint stays the
-        last finite one, and rotation never removes it for a useless one."""
+        """Write ``checkpoints/checkpoint_<N>`` (with async_save: in the background; the folder
+        returned is complete once ``wait_for_checkpoint`` returns), then rotate (main process, after it
+        is complete). Weights that are no longer finite are not saved (None): the newest checkpoint
+        stays the last finite one, and rotation never removes it for a useless one."""
         if not weights_are_finite(self.c):
             log.warning("not saving a checkpoint at step %d: the weights are not finite", state.global_step)
             return None
@@ -148,14 +158,16 @@ class CheckpointPolicy:
             "metrics_jsonl_bytes": metrics.stat().st_size if metrics.exists() else 0,
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
-        folder = self.acc.save_state(metadata=metadata)
+        folder = self.acc.save_state(metadata=metadata, async_save=self.cfg.async_save, on_complete=self.rotate)
         self.last_saved_step, self.last_saved = state.global_step, folder.name
-        if self.acc.is_main_process:
-            fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
-            for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
-                log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
-                          self.cfg.total_limit)
         return folder
+
+    def rotate(self, folder: Path) -> None:
+        """Once ``folder`` is complete (main process; with async_save on the writer thread)."""
+        fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
+        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
+            log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
+                      self.cfg.total_limit)
 
     # -- resume --------------------------------------------------------------------------------------
     def resume(self, resume: str | None) -> Manifest | None:
@@ -220,6 +232,7 @@ class CheckpointPolicy:
             described["checkpoint"] = self.last_saved  # the final state's checkpoint holds these weights
         stopper = self.stopper
         best, best_step = stopper.best, stopper.best_step
+        self.acc.wait_for_checkpoint()  # the best one may be the one still being written
         # The best is the first evaluation that reached it (EarlyStopping): a later tie is not exported.
         final_is_best = final_metric == best if best_step is None else best_step == state.global_step and evaluated
         if choice is ExportChoice.last or best is None or final_is_best:

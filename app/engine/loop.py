@@ -26,6 +26,7 @@ from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
 from app.engine.threads import ThreadChoice
+from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
@@ -68,7 +69,9 @@ class LoopState:
 
 
 class CheckpointHook(Protocol):
-    """What the loop asks of a checkpoint policy (``app.engine.checkpoint``); the default does nothing."""
+    """What the loop asks of a checkpoint policy (``app.engine.checkpoint``); the default does nothing.
+    A hook whose ``on_step_end`` saves at no step without an evaluation may say so with a false
+    ``saves_on_steps``: the loop then spares that call after every optimizer step."""
 
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None: ...
 
@@ -112,6 +115,8 @@ class Components:
     metrics reported as ``eval/<metric>_<name>`` (GLUE MNLI: ``mm``, ``eval/accuracy_mm``)."""
     threads: ThreadChoice | None = None
     """torch's intra-op threads in this process and why (``app.engine.threads``), for the model summary."""
+    throughput: Throughput | None = None
+    """The training throughput (``app.engine.throughput``), made by the first ``fit``; its means end the run's log."""
 
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
@@ -266,7 +271,10 @@ class Training:
         self.log_every, self.eval_every, self.max_grad_norm = t.log_every_n_steps, t.eval_every_n_steps, t.max_grad_norm
         self.stop_on_nan = cfg.early_stopping.stop_on_nan
         self.several_processes = acc.num_processes > 1
-        self.global_batch = c.train_loader.batch_size * acc.num_processes
+        if c.throughput is None:
+            peak = cfg.hardware.peak_tflops * 1e12 if cfg.hardware.peak_tflops is not None else acc.peak_flops()
+            c.throughput = Throughput(acc, c.task, c.model, c.train_loader.batch_size * acc.num_processes, peak)
+        self.throughput = c.throughput
         self.batches_per_epoch = len(c.train_loader)
         self.stop: StopReason | None = None
         """The decision, once taken (``state.stop_reason`` holds its sentence)."""
@@ -275,6 +283,10 @@ class Training:
         self.signals = acc.step_flag() if interrupts is not None and self.several_processes else None
         self.signal_seen = _signal_check(interrupts, self.signals)
         self.interrupts = interrupts
+        # The checkpoint hook after a step without evaluation only where it may save there: not for
+        # NoCheckpoints' no-op, nor for a hook that says it saves at no step (saves_on_steps).
+        self.checkpoint_steps = (type(checkpoints).on_step_end is not NoCheckpoints.on_step_end
+                                 and bool(getattr(checkpoints, "saves_on_steps", True)))
         # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
         self.running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
         # The logging window: since when, and from which of state.loss_batches (a resumed window began
@@ -294,10 +306,12 @@ class Training:
         return tuple(hook for hook in hooks if hook is not None)
 
     def epoch_batches(self) -> Any:
-        """The training loader at the state's epoch, from where a resumed epoch left off."""
+        """The training loader at the state's epoch, from where a resumed epoch left off (its tokens
+        counted as they are drawn, for a task that counts them)."""
         loader, state = self.c.train_loader, self.state
         loader.set_epoch(state.epoch)
-        return self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+        batches = self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+        return batches if self.throughput.count_tokens is None else self.throughput.counted(batches)
 
     def on_optimizer_step(self) -> bool:
         """Count the step, run the per-step hooks, log the training loss every log_every_n_steps,
@@ -313,7 +327,8 @@ class Training:
         if self.eval_every is not None and state.global_step % self.eval_every == 0:
             self.checkpoints.on_step_end(state, self.evaluate())
             return True
-        self.checkpoints.on_step_end(state, None)
+        if self.checkpoint_steps:
+            self.checkpoints.on_step_end(state, None)
         return logged
 
     def should_stop(self, decision_point: bool) -> bool:
@@ -356,7 +371,8 @@ class Training:
 
     def log_training_loss(self, step: int) -> None:
         """The mean training loss since the last log line (one host read), the learning rate and the
-        throughput; a loss that is not finite is recorded, and stops training with stop_on_nan."""
+        throughput (samples/s, tokens/s, MFU: ``app.engine.throughput``); a loss that is not finite is
+        recorded, and stops training with stop_on_nan."""
         acc, state = self.acc, self.state
         # Divided on the host, and reduced only when there is more than one process: this step
         # runs with cold caches, where each tensor op and call costs several times its warm price.
@@ -367,11 +383,11 @@ class Training:
             "train/loss": loss,
             # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
             "train/lr": max(self.c.scheduler.get_last_lr()),
-            "train/samples_per_s": (state.loss_batches - self.window_first_batch) * self.global_batch / max(elapsed, 1e-9),
+            **self.throughput.window(state.loss_batches - self.window_first_batch, elapsed),
             "epoch": state.epoch,
         }
         acc.log(train_metrics, step=step)
-        self.progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
+        self.progress.show(loss, train_metrics)
         self.running_loss.zero_()
         state.loss_batches = 0
         self.window_start, self.window_first_batch = time.perf_counter(), 0

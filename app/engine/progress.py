@@ -81,11 +81,17 @@ class Progress:
         elif self.plain is not None:
             self.plain.update(n)
 
-    def show(self, loss: float, samples_per_s: float) -> None:
+    def show(self, loss: float, throughput: dict[str, Any]) -> None:
+        """A log step's loss and throughput (``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``)."""
         if self.bar is not None:
-            self.bar.set_postfix(loss=human(loss), samples_s=f"{samples_per_s:.0f}", refresh=False)
+            rates = {"samples_s": f"{throughput['train/samples_per_s']:.0f}"}
+            if throughput.get("train/tokens_per_s") is not None:
+                rates["tokens_s"] = f"{throughput['train/tokens_per_s']:.0f}"
+            if throughput.get("train/mfu") is not None:
+                rates["mfu"] = f"{100 * throughput['train/mfu']:.1f}%"
+            self.bar.set_postfix(loss=human(loss), **rates, refresh=False)
         elif self.plain is not None:
-            self.plain.show(f"loss={human(loss)}, {samples_per_s:.0f} samples/s")
+            self.plain.show(f"loss={human(loss)}, {throughput_text(throughput)}")
 
     def close(self, reason: str | None = None) -> None:
         """Close the bar; ``reason`` (why training stopped) replaces its postfix on the last line,
@@ -97,6 +103,19 @@ class Progress:
             self.bar = None
         self.plain = None
         self._redirect.close()
+
+
+def throughput_text(metrics: dict[str, Any], unknown_mfu: str | None = None) -> str:
+    """Throughput as a log line says it: ``812 samples/s, 30512 tokens/s, MFU 41.2%`` (tokens where the
+    task counts them; MFU where the device's peak is known, else ``unknown_mfu`` when given)."""
+    parts = [f"{metrics['train/samples_per_s']:.0f} samples/s"]
+    if metrics.get("train/tokens_per_s") is not None:
+        parts.append(f"{metrics['train/tokens_per_s']:.0f} tokens/s")
+    if metrics.get("train/mfu") is not None:
+        parts.append(f"MFU {100 * metrics['train/mfu']:.1f}%")
+    elif unknown_mfu is not None:
+        parts.append(unknown_mfu)
+    return ", ".join(parts)
 
 
 class PlainProgress:

@@ -111,8 +111,10 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
                 profiling(cfg, accelerator, run_dir) as components.profiler:
             fit(components, cfg, state, stopper, checkpoints, interrupts)
-        log.info("stopped: %s; best %s = %s%s", state.stop_reason, stopper.monitor, human(stopper.best),
-                 "" if stopper.best_step is None else f" (step {stopper.best_step})")
+        throughput = components.throughput.summary() if components.throughput is not None else ""
+        log.info("stopped: %s; best %s = %s%s%s", state.stop_reason, stopper.monitor, human(stopper.best),
+                 "" if stopper.best_step is None else f" (step {stopper.best_step})",
+                 f"; throughput {throughput}" if throughput else "")
         if state.stop_signal is not None:
             interrupted = RunInterrupted(state.stop_signal, state.global_step, str(run_dir))
             log.info("%s", interrupted)

@@ -7,9 +7,11 @@ inside ``app/tasks`` or in the user's own package (``_target_`` in a task YAML: 
 
 What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
 Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
-where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths
-for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
-further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split),
+:class:`CountsTokens` (``tokens_in_batch``: the training log's ``train/tokens_per_s``) and
+:class:`KnowsFlops` (``flops_per_token``: its ``train/mfu``). Sample lengths for
+``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none); further
+evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
 
 Nothing here is specific to classification: ``StepOutput.logits`` and ``labels`` are whatever
 ``compute_metrics`` needs per sample (a language model may return per-sample loss sums and token
@@ -129,4 +131,28 @@ class PredictsTest(Protocol):
     def write_predictions(self, outputs: torch.Tensor, path: str | Path) -> None:
         """Turn the test split's gathered outputs (``predict``'s rows, in file order) into predictions
         and write them (the main process only calls it)."""
+        ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A task whose batches have tokens worth counting: the training log then shows
+    ``train/tokens_per_s`` (and MFU is counted per token; see ``app/engine/throughput.py``)."""
+
+    def tokens_in_batch(self, batch: Any) -> int | torch.Tensor:
+        """The tokens of a training batch (already on the device) that the model learns from: a text
+        classifier's non-padding tokens (its attention mask's sum), a language model's label tokens.
+        Called once per micro-batch as it is drawn. An int is fine; a 0-d integer tensor on the batch's
+        device (``mask.sum()``, no ``.item()``) is summed there and read only at log steps, which
+        spares an accelerator a host sync per batch."""
+        ...
+
+
+@runtime_checkable
+class KnowsFlops(Protocol):
+    """A task that knows its model's training cost better than the engine's estimate (6·N + 12·L·H·Q·T
+    per token for a transformer, 6·N per sample otherwise)."""
+
+    def flops_per_token(self) -> float:
+        """FLOPs of one training token, forward and backward (used with :class:`CountsTokens`)."""
         ...

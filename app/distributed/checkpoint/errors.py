@@ -1,4 +1,4 @@
-"""What a checkpoint operation raises when it cannot go on: both carry one sentence for the user."""
+"""What a checkpoint operation raises when it cannot go on: each carries one sentence for the user."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ class CheckpointError(ConfigError):
 class DiskFullError(RuntimeError):
     """A save ran out of space (ENOSPC or a quota); the message is one sentence. What was written
     of that save is removed; earlier checkpoints are untouched."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A save that failed for another reason than space (an I/O error, a process that could not write
+    its part); the message is one sentence. Nothing of that save was committed; earlier checkpoints
+    are untouched."""
 
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)

@@ -11,6 +11,11 @@ Files are written in two phases, so the disk and the CPU work at the same time: 
 cache and return a :class:`WrittenFile` that still references them; :func:`finish` then fsyncs the
 files on a helper thread while it computes their SHA-256 (for the manifest) from the same bytes in
 memory, never reading a file back. A checkpoint is committed only after ``finish``.
+
+A checkpoint's files are first *staged* (:func:`stage_safetensors`, :func:`stage_state`: the bytes
+laid out in memory, copied off the training objects for an asynchronous save, see ``staging``) as a
+:class:`PendingFile`, whose ``write()`` is the first phase: at once for a synchronous save, on the
+writer thread for an asynchronous one.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from app.distributed.checkpoint.atomic import fsync_paths
 from app.distributed.checkpoint.errors import CheckpointError, first_line
+from app.distributed.checkpoint.staging import Staging
 
 # safetensors' dtype names (https://github.com/huggingface/safetensors, "Format").
 _DTYPE_NAMES: dict[torch.dtype, str] = {
@@ -71,6 +77,18 @@ def _write(path: Path, chunks: list[bytes | memoryview]) -> WrittenFile:
     return WrittenFile(path, chunks, sum(len(c) for c in chunks))
 
 
+@dataclass
+class PendingFile:
+    """A checkpoint file staged in memory (``name`` inside its folder, at ``path``), not yet written."""
+
+    name: str
+    path: Path
+    chunks: list[bytes | memoryview]
+
+    def write(self) -> dict[str, WrittenFile | Path]:
+        return {self.name: _write(self.path, self.chunks)}
+
+
 def finish(files: dict[str, WrittenFile | Path]) -> dict[str, FileDigest]:
     """Make the files durable and hash them: fsync runs on a helper thread (it waits on the disk,
     without the GIL) while this thread hashes the bytes, so hashing costs little extra wall time.
@@ -96,7 +114,11 @@ def write_bytes(path: Path, data: bytes) -> WrittenFile:
 
 
 def write_json(path: Path, obj: Any) -> WrittenFile:
-    return write_bytes(path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
+    return write_bytes(path, _json_bytes(obj))
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode()
 
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:
@@ -120,6 +142,17 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     :func:`finish` can hash the very buffers that were written instead of reading the file back.
     Tensors must not share storage (see :func:`dedupe_shared`).
     """
+    return _write(path, _safetensors_chunks(path.name, tensors, metadata, Staging()))
+
+
+def stage_safetensors(folder: Path, file: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None,
+                      staging: Staging) -> PendingFile:
+    """:func:`write_safetensors`'s file ``folder / file``, staged (its tensors copied with ``staging.copy``)."""
+    return PendingFile(file, folder / file, _safetensors_chunks(file, tensors, metadata, staging))
+
+
+def _safetensors_chunks(file: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None,
+                        staging: Staging) -> list[bytes | memoryview]:
     if sys.byteorder != "little":
         raise RuntimeError("checkpoints are written on little-endian machines only.")
     header: dict[str, Any] = {}
@@ -128,7 +161,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     for name, tensor in tensors.items():
         if tensor.dtype not in _DTYPE_NAMES:
             raise TypeError(f"tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot store.")
-        data = _raw_bytes(tensor)
+        data = _raw_bytes(staging.host(f"{file}/{name}", tensor))
         header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + len(data)]}
         buffers.append(data)
@@ -137,7 +170,7 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
         header["__metadata__"] = metadata
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)  # the format pads the header to a multiple of 8 bytes
-    return _write(path, [struct.pack("<Q", len(encoded)) + encoded, *buffers])
+    return [struct.pack("<Q", len(encoded)) + encoded, *buffers]
 
 
 def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -287,14 +320,21 @@ def unflatten(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 def write_state(folder: Path, name: str, state: Any) -> dict[str, WrittenFile]:
     """Write a nested state as ``<name>.json`` or, when it holds tensors, ``<name>.safetensors``."""
+    staged = stage_state(folder, name, state, Staging())
+    return {staged.name: _write(staged.path, staged.chunks)}
+
+
+def stage_state(folder: Path, name: str, state: Any, staging: Staging) -> PendingFile:
+    """:func:`write_state`'s file, staged: the skeleton is JSON at once, the tensors are copied with
+    ``staging.copy``, so that nothing the file holds changes with the training objects."""
     skeleton, tensors = flatten(state)
     if not tensors:
         file = f"{name}.json"
-        return {file: write_json(folder / file, skeleton)}
+        return PendingFile(file, folder / file, [_json_bytes(skeleton)])
     file = f"{name}.safetensors"
     unique, aliases = dedupe_shared(tensors)
     metadata = {SKELETON_KEY: json.dumps(skeleton), "aliases": json.dumps(aliases)}
-    return {file: write_safetensors(folder / file, unique, metadata)}
+    return stage_safetensors(folder, file, unique, metadata, staging)
 
 
 def read_state_file(path: Path) -> Any:

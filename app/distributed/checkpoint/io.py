@@ -8,9 +8,10 @@ A backend *has* one (``Backend.checkpoint_io``), chosen by how it lays out the s
   state is gathered to the main process; loading re-shards.
 
 Both read either layout (``layouts``), so a checkpoint moves between backends and world sizes.
-Every rank calls every method (some are collectives). The save methods return the files *this rank*
-wrote, by name inside the folder: a ``format.WrittenFile``, or the Path of a file another library
-wrote; the caller fsyncs and hashes them for the manifest.
+Every rank calls every method (some are collectives). The save methods *stage* the files this rank
+writes (``staging``: by reference for a synchronous save, copied off the device for an asynchronous
+one) and return them as ``staging.Pending``; the caller writes them (at once, or on its writer
+thread), then fsyncs and hashes them for the manifest.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from app.distributed.checkpoint.errors import CheckpointError
-from app.distributed.checkpoint.format import WrittenFile, dedupe_shared, write_safetensors, write_state
+from app.distributed.checkpoint.format import dedupe_shared, stage_safetensors, stage_state
 from app.distributed.checkpoint.layouts import (
     by_parameter_index,
     check_compatible,
@@ -33,6 +34,7 @@ from app.distributed.checkpoint.layouts import (
     read_sharded_model_state,
     sharded_shapes,
 )
+from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import listed_files, lists_folder, load_into
 
 if TYPE_CHECKING:
@@ -42,8 +44,8 @@ if TYPE_CHECKING:
 class CheckpointIO(Protocol):
     """Model and optimizer state in a checkpoint folder, as one backend lays it out."""
 
-    def save_model(self, model: nn.Module, folder: Path, name: str) -> dict[str, WrittenFile | Path]:
-        """Write the (prepared) model's weights as ``name`` in ``folder``."""
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
+        """Stage the (prepared) model's weights as ``name`` in ``folder``."""
         ...
 
     def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
@@ -51,8 +53,8 @@ class CheckpointIO(Protocol):
         ...
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                       name: str) -> dict[str, WrittenFile | Path]:
-        """Write the state of the optimizer that updates ``model``'s parameters (None: no prepared model)."""
+                       name: str, staging: Staging) -> list[Pending]:
+        """Stage the state of the optimizer that updates ``model``'s parameters (None: no prepared model)."""
         ...
 
     def load_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
@@ -67,15 +69,14 @@ class FullStateIO:
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def save_model(self, model: nn.Module, folder: Path, name: str) -> dict[str, WrittenFile | Path]:
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
         """``<name>.safetensors`` with the full weights (tied weights are stored once and recorded as aliases)."""
         state = self.backend.full_state_dict(model)
         if self.backend.process_index != 0:
-            return {}
+            return []
         unique, aliases = dedupe_shared(state)
-        file = f"{name}.safetensors"
         metadata = {"format": "pt", "aliases": json.dumps(aliases)}
-        return {file: write_safetensors(folder / file, unique, metadata)}
+        return [stage_safetensors(folder, f"{name}.safetensors", unique, metadata, staging)]
 
     def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
         """Every rank reads the full weights into its (replicated) model, from ``<name>.safetensors``
@@ -94,10 +95,10 @@ class FullStateIO:
         inner.load_state_dict(state, strict=True)
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                       name: str) -> dict[str, WrittenFile | Path]:
+                       name: str, staging: Staging) -> list[Pending]:
         if self.backend.process_index != 0:
-            return {}
-        return dict(write_state(folder, name, optimizer.state_dict()))
+            return []
+        return [stage_state(folder, name, optimizer.state_dict(), staging)]
 
     def load_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
                        name: str) -> None:

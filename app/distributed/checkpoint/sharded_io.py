@@ -6,11 +6,16 @@ gathered to rank 0 keyed by parameter name.
 Loading re-shards: any number of FSDP2 ranks reads the shard files, and a single process or DDP
 reads them too (``layouts.read_sharded_model_state``), so a checkpoint moves between world sizes and
 between backends. ``FSDPBackend.checkpoint_io`` is a :class:`ShardedStateIO`.
+
+An asynchronous save hands the shards to ``torch.distributed.checkpoint.async_save``, which copies
+them to host memory at once and writes them on a thread of its own, its ranks synchronising on the
+checkpoint writers' process group (``staging.process_group``), never on the training's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +23,7 @@ import torch
 from torch import nn
 
 from app.distributed.checkpoint.errors import CheckpointError, first_line
-from app.distributed.checkpoint.format import WrittenFile, write_state
+from app.distributed.checkpoint.format import WrittenFile, stage_state
 from app.distributed.checkpoint.layouts import (
     by_parameter_name,
     check_compatible,
@@ -26,6 +31,7 @@ from app.distributed.checkpoint.layouts import (
     read_full_model_state,
     sharded_shapes,
 )
+from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import listed_files, lists_folder, read_state, state_file
 
 if TYPE_CHECKING:
@@ -44,18 +50,21 @@ class ShardedStateIO:
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def save_model(self, model: nn.Module, folder: Path, name: str) -> dict[str, WrittenFile | Path]:
-        """Every rank writes its shards (a collective); returns the files this rank wrote."""
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
+        """Every rank writes its shards (a collective): now, or (``staging.copy``) from a host copy on
+        torch.distributed.checkpoint's thread."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageWriter
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         target = folder / name
-        dcp.save(get_model_state_dict(model),
-                 storage_writer=HuggingFaceStorageWriter(str(target), save_distributed=True))
-        # The writer numbers shard files by rank, from 1.
-        mine = sorted(target.glob(f"shard-{self.backend.process_index + 1:05d}-*.safetensors"))
-        return {f"{name}/{path.name}": path for path in mine}
+        writer = HuggingFaceStorageWriter(str(target), save_distributed=True)
+        if not staging.copy:
+            dcp.save(get_model_state_dict(model), storage_writer=writer)
+            return [PendingShards(name, target, self.backend.process_index)]
+        started = dcp.async_save(get_model_state_dict(model), storage_writer=writer,
+                                 process_group=staging.process_group)
+        return [PendingShards(name, target, self.backend.process_index, getattr(started, "upload_completion", started))]
 
     def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
         """From shards (re-sharded to this world size) or from a full ``<name>.safetensors``."""
@@ -90,13 +99,13 @@ class ShardedStateIO:
         set_model_state_dict(model, full, options=_options(full_state_dict=True, broadcast_from_rank0=True))  # type: ignore[arg-type]
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
-                       name: str) -> dict[str, WrittenFile | Path]:
+                       name: str, staging: Staging) -> list[Pending]:
         """The full optimizer state keyed by parameter name, gathered to rank 0 (a collective)."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         assert model is not None, "an FSDP2 optimizer belongs to a prepared model"
         state = get_optimizer_state_dict(model, optimizer, options=_options(full_state_dict=True, cpu_offload=True))
-        return dict(write_state(folder, name, state)) if self.backend.process_index == 0 else {}
+        return [stage_state(folder, name, state, staging)] if self.backend.process_index == 0 else []
 
     def load_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
                        name: str) -> None:
@@ -134,3 +143,21 @@ class ShardedStateIO:
         problem = self.backend.broadcast_object(problem, src=0)
         if problem is not None:
             raise CheckpointError(problem)
+
+
+@dataclass
+class PendingShards:
+    """This rank's weight shards in ``target``, written by torch.distributed.checkpoint: already (a
+    synchronous save), or once ``upload`` (its future) is done."""
+
+    name: str
+    target: Path
+    rank: int
+    upload: Any = None
+
+    def write(self) -> dict[str, WrittenFile | Path]:
+        if self.upload is not None:
+            self.upload.result()
+        # The writer numbers shard files by rank, from 1.
+        mine = sorted(self.target.glob(f"shard-{self.rank + 1:05d}-*.safetensors"))
+        return {f"{self.name}/{path.name}": path for path in mine}

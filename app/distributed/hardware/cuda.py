@@ -17,6 +17,7 @@ class CudaOps(DeviceOps):
     # CUDA tensors go through nccl; CPU tensors (pickled objects, CPU metrics) through gloo.
     collective_backend = "cpu:gloo,cuda:nccl"
     precisions = frozenset({"no", "bf16", "fp16"})
+    pinned_memory = True
 
     def local_device(self, local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank)
@@ -29,6 +30,9 @@ class CudaOps(DeviceOps):
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
+
+    def device_name(self, device: torch.device) -> str | None:
+        return torch.cuda.get_device_name(device) if torch.cuda.is_available() else None
 
     def free_memory(self) -> None:
         if torch.cuda.is_available():

@@ -27,6 +27,9 @@ class DeviceOps:
     fused_optimizers: bool = True
     """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this device's parameters
     (on CPU one fused AdamW step is ~7x faster than torch's default per-parameter loop)."""
+    pinned_memory: bool = False
+    """Whether host buffers for copies from this device may be pinned (page-locked), so that the copy
+    runs at full bus speed (an asynchronous checkpoint's copy of the state)."""
 
     def local_device(self, local_rank: int) -> torch.device:
         """The device of the process with this local rank (and make it the current one)."""
@@ -48,6 +51,11 @@ class DeviceOps:
     def set_rng_state(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rng_state` captured; keys this device does not know are ignored (a
         checkpoint written on another device type)."""
+
+    def device_name(self, device: torch.device) -> str | None:
+        """The chip's name as the device reports it (``NVIDIA H100 80GB HBM3``, ``TPU v5 lite``), by
+        which ``peak_flops`` finds its peak; None where it has none to report (a CPU)."""
+        return None
 
     def free_memory(self) -> None:
         """Release memory the device's allocator caches."""

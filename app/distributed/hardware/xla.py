@@ -61,6 +61,15 @@ class XlaOps(DeviceOps):
         return (f"precision={mode} does not run on hardware=tpu (XLA has no fp16 loss scaling here); use "
                 "precision=bf16 or precision=no.")
 
+    def device_name(self, device: torch.device) -> str | None:
+        """PJRT's device kind (``TPU v4``, ``TPU v5 lite``; XLA's CPU device: ``cpu``)."""
+        import torch_xla.core.xla_model as xm
+
+        try:
+            return str(xm.xla_device_kind(device))
+        except (RuntimeError, AttributeError):
+            return None
+
     def seed(self, seed: int) -> None:
         import torch_xla.core.xla_model as xm
 

@@ -242,6 +242,12 @@ class TextClassificationTask:
             loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
         return StepOutput(loss=loss, logits=logits, labels=labels)
 
+    def tokens_in_batch(self, batch: Any) -> torch.Tensor:
+        """The batch's non-padding tokens (``CountsTokens``): its attention mask's sum, on its device
+        (a tokenizer that makes no mask: the input ids that are not padding)."""
+        mask = batch.get("attention_mask")
+        return mask.sum() if mask is not None else batch["input_ids"].ne(self.tokenizer.pad_token_id).sum()
+
     def predict(self, model: nn.Module, batch: Any) -> torch.Tensor:
         """The model's outputs (logits; a regression's values): unlike ``step`` it needs no gold labels.
 
