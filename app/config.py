@@ -51,6 +51,13 @@ class HardwareKind(enum.Enum):
     tpu = "tpu"
 
 
+class MeshSharding(enum.Enum):
+    """How ``hardware=tpu`` lays parameters and optimizer state on the SPMD mesh."""
+
+    replicated = "replicated"
+    fsdp = "fsdp"
+
+
 class PrecisionMode(enum.Enum):
     no = "no"
     fp16 = "fp16"
@@ -92,12 +99,23 @@ class HardwareConfig:
     """A collective that waits longer than this fails the run instead of hanging it."""
     fsdp_reshard_after_forward: bool = True
     """FSDP2 only: free the gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+    sharding: MeshSharding = MeshSharding.replicated
+    """hardware=tpu only: ``replicated`` keeps a whole copy of the parameters and optimizer state on
+    every device (data parallel); ``fsdp`` shards each of them over the devices of the mesh
+    (PyTorch/XLA's FSDPv2), for models that do not fit one chip. Batches are split over the devices either way."""
+    compile_cache_dir: str | None = None
+    """hardware=tpu only: where XLA keeps the graphs it compiled, so an identical run compiles nothing
+    again (a folder per process when there are several); null: ``xla_cache`` in the user's cache
+    folder (``$XDG_CACHE_HOME/app``, else ``~/.cache/app``)."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
         require_positive({"hardware.num_processes": self.num_processes, "hardware.num_nodes": self.num_nodes})
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
+        if self.sharding is not MeshSharding.replicated and self.kind is not HardwareKind.tpu:
+            raise ConfigError(f"hardware.sharding={self.sharding.value} shards over the devices of an XLA mesh and "
+                              f"needs hardware=tpu; on CPUs or GPUs, hardware=fsdp shards over processes.")
 
 
 @dataclass

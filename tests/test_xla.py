@@ -23,7 +23,7 @@ import torch
 from app.config import ConfigError
 from app.configure import validate
 from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
-from app.distributed.hardware.xla import tpu_attached, xla_problem
+from app.distributed.hardware.xla import bf16_variable_refusal, tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints
 from tests.conftest import SHARED_DATA, compose_config, run_app
 
@@ -76,6 +76,26 @@ def test_fp16_on_tpu_is_refused_in_one_sentence_installed_or_not():
     with pytest.raises(ConfigError, match=r"^precision=fp16 does not run on hardware=tpu.*precision=bf16") as err:
         validate(compose_config("hardware=tpu", "precision=fp16"))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_xla_bf16_variables_are_refused_in_one_sentence_and_nothing_is_written(tmp_path, monkeypatch):
+    """bf16 is autocast only: XLA_USE_BF16 / XLA_DOWNCAST_BF16 would store the weights and the
+    optimizer state in bf16 too. Refused whether or not torch_xla is installed here."""
+    for variable in ("XLA_USE_BF16", "XLA_DOWNCAST_BF16"):
+        proc = run_app("hardware=tpu", "precision=bf16", cwd=tmp_path, env={variable: "1", "PJRT_DEVICE": "CPU"})
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert last_line(proc).startswith(f"error: {variable} is set, which makes torch_xla keep every float tensor")
+        assert "unset it and use precision=bf16" in last_line(proc)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert not (tmp_path / "outputs").exists()
+    monkeypatch.setenv("XLA_USE_BF16", "0")  # switched off: nothing to refuse
+    assert bf16_variable_refusal() is None
+    monkeypatch.setenv("XLA_USE_BF16", "true")
+    with pytest.raises(ConfigError, match="^XLA_USE_BF16 is set"):
+        validate(compose_config("hardware=tpu"))
+    with pytest.raises(ConfigError, match=r"^hardware.sharding=fsdp shards over the devices of an XLA mesh"):
+        validate(compose_config("hardware=cpu", "hardware.sharding=fsdp"))
 
 
 @pytest.mark.skipif(not HAS_TORCH_XLA or tpu_attached(), reason="needs torch_xla on a machine without a TPU")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
-from app.distributed.hardware.xla import XLA, xla_problem
+from app.distributed.hardware.xla import XLA, bf16_variable_refusal, xla_problem
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
@@ -25,7 +25,11 @@ class TpuSpec(HardwareSpec):
             raise ConfigError(problem)
 
     def validate(self, cfg: RunConfig, visible: Visible, launched: Launched, multi_process_kinds: str) -> None:
-        # Precision first: fp16 is a config error whether or not torch_xla is installed here.
+        # Precision first: fp16, or bf16 through torch_xla's variables, is a config error whether or not
+        # torch_xla is installed here.
+        refusal = bf16_variable_refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
         self.check_precision(cfg.precision.mode, visible)
         super().validate(cfg, visible, launched, multi_process_kinds)
 
