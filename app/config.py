@@ -114,7 +114,7 @@ class HardwareConfig:
         if self.collective_timeout_s <= 0:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
         if self.sharding is not MeshSharding.replicated and self.kind is not HardwareKind.tpu:
-            raise ConfigError(f"hardware.sharding={self.sharding.value} shards over the devices of an XLA mesh and "
+            raise ConfigError(f"hardware.sharding={self.sharding.value} shards over the devices of the SPMD mesh and "
                               f"needs hardware=tpu; on CPUs or GPUs, hardware=fsdp shards over processes.")
 
 

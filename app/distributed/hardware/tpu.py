@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
-from app.distributed.hardware.xla import XLA, bf16_variable_refusal, xla_problem
+from app.distributed.hardware.xla import XLA, bf16_variable_refusal, default_compile_cache_dir, xla_problem
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
@@ -44,4 +45,5 @@ class TpuSpec(HardwareSpec):
     def build_backend(self, hw: HardwareConfig) -> Backend:
         from app.distributed.xla_spmd import XlaSpmdBackend
 
-        return XlaSpmdBackend()
+        cache = Path(hw.compile_cache_dir).expanduser() if hw.compile_cache_dir else default_compile_cache_dir()
+        return XlaSpmdBackend(sharding=hw.sharding, compile_cache_dir=cache)

@@ -37,6 +37,12 @@ def bf16_variable_refusal() -> str | None:
     return None
 
 
+def default_compile_cache_dir() -> Path:
+    """``hardware.compile_cache_dir`` left null: ``xla_cache`` in the user's cache folder."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "app" / "xla_cache"
+
+
 def xla_problem() -> str | None:
     """Why XLA cannot run here (one sentence), or None. Cheap: imports nothing."""
     if importlib.util.find_spec("torch_xla") is None:
