@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +58,34 @@ def as_dict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch
     return {"x": torch.stack([s[0] for s in samples]), "y": torch.stack([s[1] for s in samples])}
 
 
-def timed(batches: Any, step: Callable[[Any], torch.Tensor], warmup: int) -> tuple[float, int]:
-    """Median step time after warm-up, graphs compiled after warm-up."""
-    running, times, start_counts = None, [], XlaCounts.now()
-    last = time.perf_counter()
-    for i, batch in enumerate(batches, start=1):
-        loss = step(batch)
-        running = loss.detach() if running is None else running + loss.detach()
-        if i % LOG_EVERY == 0:
-            running.item()  # the log point: the one host read
-            running = None
-        now = time.perf_counter()
-        if i == warmup:
-            start_counts = XlaCounts.now()
-        elif i > warmup:
-            times.append(now - last)
-        last = now
-    return statistics.median(times), XlaCounts.now().since(start_counts).compiles
+class Loop:
+    """One way to train: ``step(batch) -> loss`` over its own batches, the loss summed on the device and
+    read every LOG_EVERY steps; :meth:`run` does ``n`` steps and keeps their times after warm-up."""
+
+    def __init__(self, batches: Iterable[Any], step: Callable[[Any], torch.Tensor], warmup: int):
+        self.batches, self.step, self.warmup = iter(batches), step, warmup
+        self.done, self.times, self.running = 0, [], None
+        self.graphs_after_warmup = 0
+
+    def run(self, n: int) -> None:
+        before, warm = XlaCounts.now(), self.done >= self.warmup
+        last = time.perf_counter()
+        for _ in range(n):
+            loss = self.step(next(self.batches))
+            self.running = loss.detach() if self.running is None else self.running + loss.detach()
+            self.done += 1
+            if self.done % LOG_EVERY == 0:
+                self.running.item()  # the log point: the one host read
+                self.running = None
+            now = time.perf_counter()
+            if self.done > self.warmup:
+                self.times.append(now - last)
+            last = now
+        if warm:  # only this loop ran since ``before``: the graphs are its own
+            self.graphs_after_warmup += XlaCounts.now().since(before).compiles
 
 
-def ours(data: TensorDataset, warmup: int, prefetch: int) -> tuple[float, int]:
+def ours(data: TensorDataset, warmup: int, prefetch: int) -> Loop:
     backend = XlaSpmdBackend()
     backend.prefetch_depth = prefetch
     acc = Accelerator(backend=backend, seed=0)
@@ -93,10 +101,10 @@ def ours(data: TensorDataset, warmup: int, prefetch: int) -> tuple[float, int]:
         optimizer.zero_grad()
         return loss
 
-    return timed(loader, step, warmup)
+    return Loop(loader, step, warmup)
 
 
-def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> tuple[float, int]:
+def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> Loop:
     import torch_xla
     import torch_xla.distributed.parallel_loader as pl
     import torch_xla.distributed.spmd as xs
@@ -123,7 +131,7 @@ def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> tuple[f
             torch_xla.sync()
             return loss
 
-    return timed(loader, step, warmup)
+    return Loop(loader, step, warmup)
 
 
 def first_step(cache: Path) -> None:
@@ -151,7 +159,7 @@ def time_to_first_step(cache: Path) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=30, help="a multiple of 10")
     parser.add_argument("--first-step", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.first_step is not None:
@@ -159,12 +167,19 @@ def main() -> None:
         return
     data = dataset(args.steps)
     mesh = XlaSpmdBackend().mesh
-    results = {
+    loops = {
         "ours": ours(data, args.warmup, prefetch=2),
         "ours, no prefetch": ours(data, args.warmup, prefetch=0),
         "hand, sync": hand(data, args.warmup, compiled=False, mesh=mesh),
         "hand, compile": hand(data, args.warmup, compiled=True, mesh=mesh),
     }
+    # Interleaved, LOG_EVERY steps of each in turn (each turn ends at a host read, so nothing of one
+    # loop is still running on the devices when the next starts): the machine's load changes alike
+    # for all four.
+    for _ in range(args.steps // LOG_EVERY):
+        for loop in loops.values():
+            loop.run(LOG_EVERY)
+    results = {name: (statistics.median(loop.times), loop.graphs_after_warmup) for name, loop in loops.items()}
     print(f"MLP 64-512-512-10, batch {BATCH} over {len(mesh.device_ids)} XLA devices, {args.steps} steps "
           f"({args.warmup} warm-up), AdamW, clipping, a host read every {LOG_EVERY} steps")
     for name, (median, graphs) in results.items():
