@@ -51,6 +51,13 @@ class HardwareKind(enum.Enum):
     tpu = "tpu"
 
 
+class MeshSharding(enum.Enum):
+    """How ``hardware=tpu`` lays parameters and optimizer state on the SPMD mesh."""
+
+    replicated = "replicated"
+    fsdp = "fsdp"
+
+
 class PrecisionMode(enum.Enum):
     no = "no"
     fp16 = "fp16"
@@ -99,6 +106,14 @@ class HardwareConfig:
     """One device's peak TFLOP/s for the run's precision: the denominator of the training log's
     ``train/mfu``. null: from the table of common GPUs and TPUs by the name the device reports
     (app/distributed/hardware/peak_flops.py); a device not in it (a CPU) logs a null MFU."""
+    sharding: MeshSharding = MeshSharding.replicated
+    """hardware=tpu only: ``replicated`` keeps a whole copy of the parameters and optimizer state on
+    every device (data parallel); ``fsdp`` shards each of them over the devices of the mesh
+    (PyTorch/XLA's FSDPv2), for models that do not fit one chip. Batches are split over the devices either way."""
+    compile_cache_dir: str | None = None
+    """hardware=tpu only: where XLA keeps the graphs it compiled, so an identical run compiles nothing
+    again (a folder per process when there are several); null: ``xla_cache`` in the user's cache
+    folder (``$XDG_CACHE_HOME/app``, else ``~/.cache/app``)."""
 
     def check(self) -> None:
         """The numbers themselves; whether the kind runs them here is its spec's rule."""
@@ -108,6 +123,9 @@ class HardwareConfig:
             raise ConfigError("hardware.collective_timeout_s must be positive.")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError("hardware.peak_tflops must be positive (or null: from the device's name).")
+        if self.sharding is not MeshSharding.replicated and self.kind is not HardwareKind.tpu:
+            raise ConfigError(f"hardware.sharding={self.sharding.value} shards over the devices of the SPMD mesh and "
+                              f"needs hardware=tpu; on CPUs or GPUs, hardware=fsdp shards over processes.")
 
 
 @dataclass

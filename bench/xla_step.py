@@ -1,28 +1,46 @@
-"""Step time of one small model on XLA (our SPMD backend, ``hardware=tpu``) against eager CPU (our
-one-process CPU backend), and the graphs XLA compiles after warm-up. Run it in the XLA environment:
+"""Our XLA step against PyTorch/XLA's own recipe, in one invocation on XLA's CPU device:
 
-    PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 .venv-xla/bin/python bench/xla_step.py [--steps 200] [--warmup 20]
+    PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 .venv-xla/bin/python bench/xla_step.py [--steps 200] [--warmup 30]
 
-Both sides run the same ``Accelerator`` loop (AdamW, clipping at 1.0, a host read of the loss every
-10 steps as the engine logs it) on the same MLP and batches; only the backend differs. Prints the
-ratio of median step times (XLA / eager) and the compile counts: during warm-up, and after it (the
-figure that must be 0: a graph compiled per step would make XLA useless). On XLA's CPU device the
-ratio says what the lazy-tensor machinery costs on a tiny model, not what a TPU gains.
+Four loops train the same MLP on the same batches (AdamW, clipping at 1.0, the loss summed on the
+device and read every 10 steps, as the engine logs it), each from a fresh model:
+
+- ``ours``: an ``Accelerator`` on ``hardware=tpu``'s SPMD backend with a prepared DataLoader (batches
+  loaded and sharded two steps ahead by its prefetch thread; the optimizer step cuts the graph);
+- ``ours, no prefetch``: the same with the backend's ``prefetch_depth`` set to 0;
+- ``hand, sync``: the loop torch_xla's documentation writes, ``MpDeviceLoader`` with SPMD
+  ``input_sharding`` and ``torch_xla.sync()`` after the optimizer step;
+- ``hand, compile``: the same step inside ``torch_xla.compile``.
+
+Prints each loop's median step time after warm-up and the graphs it compiled after warm-up (must be
+0), then the ratios: hand / ours (goal >= 0.98: ours as fast as the hand loop), prefetch on / off,
+compile / sync. Then time to the first step of two fresh processes sharing a new compile cache
+(``--first-step`` children): the first fills it, the second finds its graphs there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
-from app.distributed import Accelerator, Backend
+from app.distributed import Accelerator
+from app.distributed.xla_metrics import XlaCounts
 from app.distributed.xla_spmd import XlaSpmdBackend
 
 LOG_EVERY = 10
+BATCH = 64
 
 
 def make_model() -> nn.Module:
@@ -30,65 +48,152 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 
 
-def batches(n: int, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def dataset(steps: int) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return [(torch.randn(batch_size, 64, generator=g), torch.randint(0, 10, (batch_size,), generator=g))
-            for _ in range(n)]
+    return TensorDataset(torch.randn(steps * BATCH, 64, generator=g), torch.randint(0, 10, (steps * BATCH,), generator=g))
 
 
-def compiled_graphs() -> int:
-    import torch_xla.debug.metrics as met
-
-    data = met.metric_data("CompileTime")
-    return int(data[0]) if data else 0
+def as_dict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """MpDeviceLoader's ``input_sharding`` takes one spec per key of a dict batch."""
+    return {"x": torch.stack([s[0] for s in samples]), "y": torch.stack([s[1] for s in samples])}
 
 
-def run(backend: Backend, data: list, warmup: int) -> tuple[float, int, int]:
-    """Median step time after warm-up, graphs compiled during warm-up, graphs compiled after it."""
+class Loop:
+    """One way to train: ``step(batch) -> loss`` over its own batches, the loss summed on the device and
+    read every LOG_EVERY steps; :meth:`run` does ``n`` steps and keeps their times after warm-up."""
+
+    def __init__(self, batches: Iterable[Any], step: Callable[[Any], torch.Tensor], warmup: int):
+        self.batches, self.step, self.warmup = iter(batches), step, warmup
+        self.done, self.times, self.running = 0, [], None
+        self.graphs_after_warmup = 0
+
+    def run(self, n: int) -> None:
+        before, warm = XlaCounts.now(), self.done >= self.warmup
+        last = time.perf_counter()
+        for _ in range(n):
+            loss = self.step(next(self.batches))
+            self.running = loss.detach() if self.running is None else self.running + loss.detach()
+            self.done += 1
+            if self.done % LOG_EVERY == 0:
+                self.running.item()  # the log point: the one host read
+                self.running = None
+            now = time.perf_counter()
+            if self.done > self.warmup:
+                self.times.append(now - last)
+            last = now
+        if warm:  # only this loop ran since ``before``: the graphs are its own
+            self.graphs_after_warmup += XlaCounts.now().since(before).compiles
+
+
+def ours(data: TensorDataset, warmup: int, prefetch: int) -> Loop:
+    backend = XlaSpmdBackend()
+    backend.prefetch_depth = prefetch
     acc = Accelerator(backend=backend, seed=0)
-    model = acc.prepare(make_model())
-    optimizer = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3, fused=backend.fused_optimizers or None))
-    is_xla = isinstance(backend, XlaSpmdBackend)
-    before = compiled_graphs() if is_xla else 0
-    after_warmup = before
-    times = []
-    running = torch.zeros((), device=acc.device)
-    for step, (x, y) in enumerate(data, start=1):
-        start = time.perf_counter()
-        x, y = backend.place_batch((x, y))
-        loss = nn.functional.cross_entropy(model(x), y)
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(data, batch_size=BATCH, collate_fn=as_dict))
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
         acc.backward(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()  # cuts the graph (the backend's end-of-step hook)
+        optimizer.zero_grad()
+        return loss
+
+    return Loop(loader, step, warmup)
+
+
+def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> Loop:
+    import torch_xla
+    import torch_xla.distributed.parallel_loader as pl
+    import torch_xla.distributed.spmd as xs
+
+    device = torch_xla.device()
+    model = make_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sharding = {"x": xs.ShardingSpec(mesh, ("data", None)), "y": xs.ShardingSpec(mesh, ("data",))}
+    loader = pl.MpDeviceLoader(DataLoader(data, batch_size=BATCH, collate_fn=as_dict), device, input_sharding=sharding)
+
+    def step_body(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        running += loss.detach()
-        if step % LOG_EVERY == 0:
-            running.item()  # the engine's log point: the one host read
-            running.zero_()
-        if step == warmup and is_xla:
-            after_warmup = compiled_graphs()
-        if step > warmup:
-            times.append(time.perf_counter() - start)
-    final = compiled_graphs() if is_xla else 0
-    return statistics.median(times), after_warmup - before, final - after_warmup
+        return loss
+
+    if compiled:
+        step = torch_xla.compile(step_body)
+    else:
+        def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            loss = step_body(batch)
+            torch_xla.sync()
+            return loss
+
+    return Loop(loader, step, warmup)
+
+
+def first_step(cache: Path) -> None:
+    """Child mode: the backend with the compile cache ``cache``, one training step, then exit."""
+    backend = XlaSpmdBackend(compile_cache_dir=cache)
+    acc = Accelerator(backend=backend, seed=0)
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = acc.prepare(model, optimizer)
+    x, y = backend.place_batch(tuple(dataset(1).tensors))
+    loss = nn.functional.cross_entropy(model(x), y)
+    acc.backward(loss)
+    optimizer.step()
+    loss.item()
+    print(backend.runtime_report())
+
+
+def time_to_first_step(cache: Path) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "--first-step", str(cache)], capture_output=True, text=True,
+                          check=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    return time.perf_counter() - start, proc.stdout.strip().splitlines()[-1]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=30, help="a multiple of 10")
+    parser.add_argument("--first-step", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    data = batches(args.steps, args.batch_size)
-    # XLA first: torch's autograd engine sizes its device queues on its first backward, so the XLA
-    # device must exist before the eager run's backward.
-    xla_backend = XlaSpmdBackend()
-    eager, _, _ = run(Backend(torch.device("cpu")), data, args.warmup)
-    xla, warm, later = run(xla_backend, data, args.warmup)
-    print(f"MLP 64-512-512-10, batch {args.batch_size}, {args.steps} steps ({args.warmup} warm-up), "
-          f"XLA devices: {xla_backend.num_devices}")
-    print(f"step time XLA / eager CPU: {xla / eager:.2f} ({xla * 1e3:.2f} ms vs {eager * 1e3:.2f} ms, median)")
-    print(f"graphs compiled: {warm} during warm-up, {later} in the {args.steps - args.warmup} steps after it")
+    if args.first_step is not None:
+        first_step(args.first_step)
+        return
+    data = dataset(args.steps)
+    mesh = XlaSpmdBackend().mesh
+    loops = {
+        "ours": ours(data, args.warmup, prefetch=2),
+        "ours, no prefetch": ours(data, args.warmup, prefetch=0),
+        "hand, sync": hand(data, args.warmup, compiled=False, mesh=mesh),
+        "hand, compile": hand(data, args.warmup, compiled=True, mesh=mesh),
+    }
+    # Interleaved, LOG_EVERY steps of each in turn (each turn ends at a host read, so nothing of one
+    # loop is still running on the devices when the next starts): the machine's load changes alike
+    # for all four.
+    for _ in range(args.steps // LOG_EVERY):
+        for loop in loops.values():
+            loop.run(LOG_EVERY)
+    results = {name: (statistics.median(loop.times), loop.graphs_after_warmup) for name, loop in loops.items()}
+    print(f"MLP 64-512-512-10, batch {BATCH} over {len(mesh.device_ids)} XLA devices, {args.steps} steps "
+          f"({args.warmup} warm-up), AdamW, clipping, a host read every {LOG_EVERY} steps")
+    for name, (median, graphs) in results.items():
+        print(f"  {name:<18} {median * 1e3:7.3f} ms/step (median), {graphs} graph(s) compiled after warm-up")
+    fastest_hand = min(results["hand, sync"][0], results["hand, compile"][0])
+    print(f"speed ours / hand-written (faster of sync, compile): {fastest_hand / results['ours'][0]:.3f} (goal >= 0.98)")
+    print(f"speed prefetch on / off: {results['ours, no prefetch'][0] / results['ours'][0]:.3f}")
+    print(f"speed torch_xla.compile / sync (hand loop): {results['hand, sync'][0] / results['hand, compile'][0]:.3f}")
+    with tempfile.TemporaryDirectory() as folder:
+        first, first_report = time_to_first_step(Path(folder))
+        second, second_report = time_to_first_step(Path(folder))
+    print(f"time to the first step, fresh process: {first:.1f} s with an empty compile cache, {second:.1f} s with "
+          f"the first one's (ratio {second / first:.2f})")
+    print(f"  first:  {first_report}\n  second: {second_report}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import torch
 from app.config import ConfigError
 from app.configure import validate
 from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
-from app.distributed.hardware.xla import tpu_attached, xla_problem
+from app.distributed.hardware.xla import bf16_variable_refusal, tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints
 from tests.conftest import SHARED_DATA, compose_config, run_app
 
@@ -34,6 +34,19 @@ needs_xla = pytest.mark.skipif(
     xla_problem() is not None,
     reason=f"{xla_problem()} (.ci/run runs these in .venv-xla with PJRT_DEVICE=CPU CPU_NUM_DEVICES=2)")
 QUIET = ("logging.progress_bar=false", "logging.trackers=[]", "early_stopping.patience=null")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_cache_in_a_temporary_folder(tmp_path_factory):
+    """hardware.compile_cache_dir's default is the user's cache folder: here a temporary one, for the
+    in-process runs and the subprocesses alike."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 def events(run_dir: Path) -> list[dict]:
@@ -52,6 +65,20 @@ def host_reads() -> int:
     import torch_xla.debug.metrics as met
 
     return int(met.counter_value("aten::_local_scalar_dense") or 0)
+
+
+def xla_report(run_dir: Path) -> str:
+    """The run's closing XLA line (app.log): graphs compiled, cache loads, executions, fallbacks."""
+    lines = [line for line in (run_dir / "app.log").read_text().splitlines() if "] - XLA: " in line]
+    assert len(lines) == 1, lines
+    return lines[0].split("] - ", 1)[1]
+
+
+def report_count(report: str, pattern: str) -> int:
+    import re
+
+    found = re.search(pattern, report)
+    return int(found.group(1)) if found else 0
 
 
 def last_line(proc) -> str:
@@ -76,6 +103,25 @@ def test_fp16_on_tpu_is_refused_in_one_sentence_installed_or_not():
     with pytest.raises(ConfigError, match=r"^precision=fp16 does not run on hardware=tpu.*precision=bf16") as err:
         validate(compose_config("hardware=tpu", "precision=fp16"))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_xla_bf16_variables_are_refused_in_one_sentence_and_nothing_is_written(tmp_path, monkeypatch):
+    """bf16 is autocast only: XLA_USE_BF16 / XLA_DOWNCAST_BF16 would store the weights and the
+    optimizer state in bf16 too. Refused whether or not torch_xla is installed here."""
+    proc = run_app("hardware=tpu", "precision=bf16", cwd=tmp_path, env={"XLA_USE_BF16": "1", "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert last_line(proc).startswith("error: XLA_USE_BF16 is set, which makes torch_xla keep every float tensor")
+    assert "unset it and use precision=bf16" in last_line(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "outputs").exists()
+    monkeypatch.setenv("XLA_USE_BF16", "0")  # switched off: nothing to refuse
+    assert bf16_variable_refusal() is None
+    monkeypatch.setenv("XLA_DOWNCAST_BF16", "true")  # the other one, refused alike
+    with pytest.raises(ConfigError, match="^XLA_DOWNCAST_BF16 is set, which makes torch_xla keep every float tensor"):
+        validate(compose_config("hardware=tpu"))
+    with pytest.raises(ConfigError, match=r"^hardware.sharding=fsdp shards over the devices of the SPMD mesh and needs hardware=tpu"):
+        validate(compose_config("hardware=cpu", "hardware.sharding=fsdp"))
 
 
 @pytest.mark.skipif(not HAS_TORCH_XLA or tpu_attached(), reason="needs torch_xla on a machine without a TPU")
@@ -120,7 +166,12 @@ def test_spmd_bf16_digits_compiles_nothing_new_after_warm_up_and_reads_the_host_
     x, _ = next(iter(components.train_loader))
     import torch_xla
 
+    from app.distributed.xla_metrics import XlaCounts
+
     assert "devices=[2" in torch_xla._XLAC._get_xla_sharding_spec(x)  # the batch is split over both devices
+    # Loaded and placed two batches ahead by a background thread.
+    assert components.train_loader.prefetch == 2
+    start = XlaCounts.now()
     recorder = Recorder()
     fit(components, cfg, LoopState(), build_early_stopping(cfg), recorder)
 
@@ -134,6 +185,9 @@ def test_spmd_bf16_digits_compiles_nothing_new_after_warm_up_and_reads_the_host_
     # Evaluation batches are padded to full size; gather_for_metrics drops the padding.
     assert all(m["eval/num_samples"] == 360 for _, _, m in recorder.at.values())
     assert recorder.at[40][2]["eval/accuracy"] > 0.5
+    # Nothing ran on the host for want of an XLA lowering, and the run's report says so.
+    assert XlaCounts.now().since(start).fallbacks == {}
+    assert acc.runtime_report().endswith("CPU fallback ops: none")
 
 
 @needs_xla
@@ -180,9 +234,11 @@ def test_an_xla_checkpoint_resumes_on_cpu_and_a_cpu_checkpoint_on_xla(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_killed_on_xla_and_resumed_ends_bitwise_identical(tmp_path):
+    """Also the persistent compile cache: the resumed run finds in it the graphs the reference run
+    compiled (the same steps, evaluations and saves give the same graphs)."""
     args = ("hardware=tpu", "trainer.max_steps=30", "checkpoint.every_n_steps=10", "checkpoint.every_epoch=false",
             "trainer.log_every_n_steps=5", "trainer.eval_every_n_steps=15", "logging.progress_bar=false",
-            "logging.trackers=[]", "early_stopping.patience=null")
+            "logging.trackers=[]", "early_stopping.patience=null", f"hardware.compile_cache_dir={tmp_path / 'xla'}")
     reference, run = tmp_path / "reference", tmp_path / "run"
     run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True)
     # SIGKILL with the second checkpoint (step 20) half written: the run resumes from step 10.
@@ -198,6 +254,15 @@ def test_killed_on_xla_and_resumed_ends_bitwise_identical(tmp_path):
         return [tuple(sorted((k, v) for k, v in e.items() if k != "train/samples_per_s")) for e in events(run_dir)]
 
     assert logged(run) == logged(reference)
+
+    first, resumed = xla_report(reference), xla_report(run)
+    assert first.endswith("CPU fallback ops: none") and resumed.endswith("CPU fallback ops: none"), (first, resumed)
+    compiled = report_count(resumed, r"(\d+) graph\(s\) compiled")
+    in_cache = report_count(resumed, r"(\d+) loaded from") + report_count(resumed, r"\((\d+) found there")
+    assert report_count(first, r"(\d+) graph\(s\) compiled") >= 8 and len(list((tmp_path / "xla").iterdir())) >= 8
+    # At most one graph of the resumed run was new to the cache (torch_xla 2.9 then still compiles the
+    # ones it found: it cannot load executables on XLA:CPU, the report says how many).
+    assert compiled - in_cache <= 1, resumed
 
 
 @needs_xla
@@ -223,11 +288,33 @@ def test_glue_mrpc_on_xla_in_bf16_pads_to_fixed_shapes_and_gathers_every_validat
             cwd=tmp_path, check=True, timeout=480)
     evals = [e for e in events(run_dir) if "eval/f1" in e]
     assert [e["step"] for e in evals] == [2, 4] and all(e["eval/num_samples"] == expected for e in evals)
+    assert xla_report(run_dir).endswith("CPU fallback ops: none"), xla_report(run_dir)
 
     from transformers import AutoModelForSequenceClassification
 
     loaded = AutoModelForSequenceClassification.from_pretrained(run_dir / "model")
     assert loaded.config.num_labels == 2
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_fsdp_sharding_on_four_devices_trains_as_replicated_and_their_checkpoints_are_interchangeable(tmp_path):
+    """hardware.sharding=fsdp (FSDPv2 through mark_sharding): every weight and its AdamW state split
+    over the 4 devices, the losses of the replicated layout, and a checkpoint of either layout
+    continued by the other as by itself. One process (tests/xla_sharding_run.py) trains both."""
+    proc = subprocess.run([sys.executable, "-m", "tests.xla_sharding_run", str(tmp_path)], cwd=Path(__file__).parents[1],
+                          env={**os.environ, "CPU_NUM_DEVICES": "4"}, capture_output=True, text=True, timeout=380,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["specs"] == {"replicated": ["{replicated}"] * 2, "fsdp": ["{devices=[4,1]0,1,2,3}"] * 2}
+    assert result["after_load"]["weight"] == "{devices=[4,1]0,1,2,3}"  # loading keeps the layout
+    losses = result["losses"]
+    assert len(losses["fsdp"]) == 6 and losses["fsdp"] == pytest.approx(losses["replicated"], abs=1e-5)
+    assert losses["fsdp"][-1] != losses["fsdp"][0]  # it trained
+    for layout in ("fsdp", "replicated"):
+        assert result["crossed"][layout] == pytest.approx(result["straight"][layout], abs=1e-5)
 
 
 @needs_xla

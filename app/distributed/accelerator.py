@@ -330,6 +330,7 @@ class Accelerator(ProcessControl):
                 fixed_shapes=self.static_shapes,
                 place=(functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
                        if device.type != "cpu" else None),
+                prefetch=self.backend.prefetch_depth,
             )
         self._dataloaders.append(shard)
         return shard
@@ -597,6 +598,15 @@ class Accelerator(ProcessControl):
         return [None for _ in objects]
 
     clear = free_memory
+
+    def runtime_report(self) -> str | None:
+        """What the device runtime did so far, in one sentence, or None where it has nothing to say
+        (XLA: graphs compiled and how long that took, cache loads, executions, CPU fallback ops).
+
+        >>> report = accelerator.runtime_report()
+        >>> if report: print(report)
+        """
+        return self.backend.runtime_report()
 
     def end_training(self) -> None:
         """Wait for a checkpoint still being written (``save_state(async_save=True)``; its error is raised

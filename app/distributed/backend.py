@@ -53,6 +53,10 @@ class Backend:
     """Whether every step must see tensors of the same shapes (a compiling backend such as XLA): the
     data loaders then pad their last batch to full size and tasks pad sequences to a fixed length."""
 
+    prefetch_depth: int = 0
+    """How many batches a prepared loader loads and places on the device ahead of the loop, in a
+    background thread (``app/distributed/prefetch.py``); 0: each when the loop asks for it."""
+
     # -- data -----------------------------------------------------------------------------------------
     def place_batch(self, batch: Any, non_blocking: bool = False) -> Any:
         """Put a batch built on the host onto this backend's device (``non_blocking``: an
@@ -162,6 +166,11 @@ class Backend:
 
     def set_rng_state(self, state: dict[str, Any]) -> None:
         self.ops.set_rng_state(state)
+
+    def runtime_report(self) -> str | None:
+        """One sentence on what the device runtime did during the run (a compiling backend: graphs
+        compiled, CPU fallbacks), for the end of the run's log; None where there is nothing to say."""
+        return None
 
     def shutdown(self) -> None:
         pass

@@ -44,6 +44,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, S
 
 from app.distributed.length_grouping import LengthGroupedSampler, group_by_length
 from app.distributed.operations import recursively_apply
+from app.distributed.prefetch import prefetched
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,8 @@ class DataLoaderShard:
 
     def __init__(self, loader: DataLoader, batch_sampler: ShardedBatchSampler, device: torch.device,
                  state: GradientState, generator: torch.Generator | None = None,
-                 before_pass: Callable[[], None] | None = None, place: Callable[[Any], Any] | None = None):
+                 before_pass: Callable[[], None] | None = None, place: Callable[[Any], Any] | None = None,
+                 prefetch: int = 0):
         self.base_dataloader = loader
         self.generator = generator
         """Our own generator (seeded mode): reseeded from (seed, epoch) at every pass."""
@@ -349,6 +351,9 @@ class DataLoaderShard:
         # way to put a batch on its device (XLA shards it over the mesh on the way).
         self._place = place if place is not None else (
             None if device.type == "cpu" else lambda batch: send_to_device(batch, device))
+        self.prefetch = prefetch if self._place is not None else 0
+        """Batches a background thread loads and places ahead of the loop (``app/distributed/prefetch.py``;
+        the backend's ``prefetch_depth``); 0: each batch is loaded and placed when the loop asks for it."""
         self.dataset = loader.dataset
         self.batch_size = batch_sampler.per_process_batch
         self.end_of_dataloader = False
@@ -390,11 +395,15 @@ class DataLoaderShard:
             sampler.skip_steps = self._resume_at
         self._resume_at = None
         self.position = sampler.skip_steps
-        iterator = iter(self.base_dataloader)
-        place = self._place
+        batches: Iterator[Any] = iter(self.base_dataloader)
+        place, ahead = self._place, None
+        if self.prefetch and place is not None:
+            # Loaded and placed ahead by a thread; the lookahead below then sees placed batches.
+            batches = ahead = prefetched(batches, place, self.prefetch)
+            place = None
         self.gradient_state.active.append(self)
         try:
-            for batch, last in with_last_flag(iterator):
+            for batch, last in with_last_flag(batches):
                 if last:
                     self.end_of_dataloader = True
                     self.remainder = self.batch_sampler.last_step_remainder()
@@ -405,6 +414,8 @@ class DataLoaderShard:
             self.position = 0
             sampler.set_epoch(sampler.epoch + 1)
         finally:
+            if ahead is not None:  # the prefetching thread stops before the sampler's state is reset below
+                ahead.close()
             self.gradient_state.active.remove(self)
             self.end_of_dataloader = False
             # A resumed epoch skips only once; the next epoch starts from its beginning.
@@ -471,6 +482,7 @@ def shard_dataloader(
     synchronize: Callable[[torch.Generator], None] | None = None,
     fixed_shapes: bool = False,
     place: Callable[[Any], Any] | None = None,
+    prefetch: int = 0,
 ) -> DataLoaderShard:
     """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
     workers). ``seed``: shuffle from ``seed + epoch`` (a RandomSampler becomes a
@@ -528,7 +540,7 @@ def shard_dataloader(
         rebuilt = DataLoader(loader.dataset, sampler=sharded, batch_size=None, **common)  # type: ignore[arg-type]
     else:
         rebuilt = DataLoader(loader.dataset, batch_sampler=sharded, **common)  # type: ignore[arg-type]
-    return DataLoaderShard(rebuilt, sharded, device, state, own_generator, before_pass, place)
+    return DataLoaderShard(rebuilt, sharded, device, state, own_generator, before_pass, place, prefetch)
 
 
 def skip_first_batches(loader: DataLoaderShard, num_batches: int) -> DataLoaderShard:

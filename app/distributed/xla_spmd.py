@@ -13,6 +13,19 @@ not devices. Tensors on the device are *global*: a gathered or reduced device te
 the whole batch's, so tensor collectives are identities; per-process values (objects, CPU
 tensors) go through a gloo group across hosts when there is more than one.
 
+Sharding. ``sharding=fsdp`` (PyTorch/XLA's FSDPv2) shards every parameter along its largest
+dimension over the same ``data`` axis, so each device holds a slice of every weight and of its
+optimizer state; XLA gathers a weight where a step needs it whole and reduce-scatters its gradient.
+The module is not wrapped: its state dict, and so its checkpoints, are the unsharded run's.
+
+Input. Prepared loaders load and place batches ``prefetch_depth`` steps ahead in a background
+thread (``app/distributed/prefetch.py``), as torch_xla's ``MpDeviceLoader`` does, so collating and
+copying the next batches overlaps the tracing and execution of the current step.
+
+Compile cache and report. The backend points torch_xla's persistent compilation cache at a folder
+(``hardware.compile_cache_dir``) before anything runs, and :meth:`XlaSpmdBackend.runtime_report`
+says at the end of a run what XLA did (``app/distributed/xla_metrics.py``).
+
 Graphs. XLA traces lazily and compiles one graph per distinct shape and program; ``step_end``
 (``torch_xla.sync()``) cuts the graph once per optimizer step. Nothing else in a training step
 reads a device value on the host. Shapes are kept fixed by :attr:`XlaSpmdBackend.static_shapes`:
@@ -24,23 +37,31 @@ works without it.
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from app.config import ConfigError
+from app.config import ConfigError, MeshSharding
 from app.distributed.backend import Backend
 from app.distributed.hardware.xla import XLA, xla_problem
 from app.distributed.operations import recursively_apply
+from app.distributed.xla_metrics import XlaCounts
+
+log = logging.getLogger(__name__)
 
 
 class XlaSpmdBackend(Backend):
     """All XLA devices of this host as one SPMD program; see the module docstring."""
 
     static_shapes = True
+    prefetch_depth = 2
 
-    def __init__(self) -> None:
+    def __init__(self, sharding: MeshSharding = MeshSharding.replicated, compile_cache_dir: Path | None = None) -> None:
+        """``compile_cache_dir``: torch_xla's persistent compilation cache (None: none); with several
+        hosts, each writes its own subfolder."""
         problem = xla_problem()
         if problem is not None:
             raise ConfigError(problem)
@@ -49,7 +70,12 @@ class XlaSpmdBackend(Backend):
         import torch_xla.distributed.spmd as xs
         import torch_xla.runtime as xr
 
-        xr.use_spmd()
+        if compile_cache_dir is not None:
+            use_compile_cache(compile_cache_dir)
+        self._counts_at_start = XlaCounts.now()
+        self.sharding = sharding
+        if not xr.is_spmd():  # once per process (a second backend, as in the tests, finds it on)
+            xr.use_spmd()
         super().__init__(torch_xla.device(), XLA)
         # set_seed seeded torch before the backend existed: the device's stream follows that seed.
         XLA.seed(torch.initial_seed() % 2**63)
@@ -108,8 +134,26 @@ class XlaSpmdBackend(Backend):
 
     # -- model ----------------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        # No sharding annotation: SPMD replicates the parameters on every device.
-        return model.to(self.device)
+        """On the device; replicated (no annotation: SPMD copies it to every device), or each
+        parameter sharded along its largest dimension (``sharding=fsdp``)."""
+        model = model.to(self.device)
+        if self.sharding is MeshSharding.fsdp:
+            import torch_xla.distributed.spmd as xs
+
+            for parameter in model.parameters():
+                if parameter.dim() > 0:
+                    partition: list[str | None] = [None] * parameter.dim()
+                    partition[max(range(parameter.dim()), key=lambda d: parameter.shape[d])] = "data"
+                    xs.mark_sharding(parameter, self.mesh, tuple(partition))
+            # As FSDPv2 does: a barrier per module in backward, so that XLA does not fuse the whole
+            # backward into one program that holds every gathered weight at once.
+            xs.xla_sharding.apply_backward_optimization_barrier(model)
+        return model
+
+    def runtime_report(self) -> str | None:
+        """Graphs compiled (and in how long), loaded from the compile cache, executions, host reads
+        and CPU fallback ops since this backend was built."""
+        return XlaCounts.now().since(self._counts_at_start).sentence()
 
     # -- collectives: device tensors are global already -----------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -184,3 +228,19 @@ class XlaSpmdBackend(Backend):
 
             dist.destroy_process_group()
             self._group_owned = False
+
+
+def use_compile_cache(folder: Path) -> None:
+    """Point torch_xla's persistent compilation cache at ``folder`` (a subfolder per host when there
+    are several), unless this process has compiled already: the cache is chosen once, before the
+    first graph (a second backend in one process, as in the tests, keeps the first one's)."""
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    if torch_xla._XLAC._xla_computation_cache_is_initialized():
+        log.debug("XLA's compile cache is already chosen in this process; %s is not used", folder)
+        return
+    if xr.process_count() > 1:
+        folder = folder / f"process_{xr.process_index()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    xr.initialize_cache(str(folder), readonly=False)

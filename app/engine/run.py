@@ -152,6 +152,10 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         record(INTERRUPTED)
         raise
     finally:
+        # What the device runtime did (a compiling one: graphs compiled, CPU fallbacks), however the run ended.
+        report = accelerator.runtime_report()
+        if report is not None:
+            log.info("%s", report)
         accelerator.end_training()
 
 

@@ -5,11 +5,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
-from app.distributed.hardware.xla import XLA, xla_problem
+from app.distributed.hardware.xla import XLA, bf16_variable_refusal, default_compile_cache_dir, xla_problem
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
@@ -25,7 +26,11 @@ class TpuSpec(HardwareSpec):
             raise ConfigError(problem)
 
     def validate(self, cfg: RunConfig, visible: Visible, launched: Launched, multi_process_kinds: str) -> None:
-        # Precision first: fp16 is a config error whether or not torch_xla is installed here.
+        # Precision first: fp16, or bf16 through torch_xla's variables, is a config error whether or not
+        # torch_xla is installed here.
+        refusal = bf16_variable_refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
         self.check_precision(cfg.precision.mode, visible)
         super().validate(cfg, visible, launched, multi_process_kinds)
 
@@ -40,4 +45,5 @@ class TpuSpec(HardwareSpec):
     def build_backend(self, hw: HardwareConfig) -> Backend:
         from app.distributed.xla_spmd import XlaSpmdBackend
 
-        return XlaSpmdBackend()
+        cache = Path(hw.compile_cache_dir).expanduser() if hw.compile_cache_dir else default_compile_cache_dir()
+        return XlaSpmdBackend(sharding=hw.sharding, compile_cache_dir=cache)

@@ -21,6 +21,26 @@ INSTALL_HINT = ("hardware=tpu needs PyTorch/XLA, which is not installed here; to
 NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
                "XLA's CPU device (slow, for testing).")
 _GOOGLE_PCI_VENDOR = "0x1ae0"
+BF16_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
+"""torch_xla's deprecated switches that store every float tensor in bf16."""
+
+
+def bf16_variable_refusal() -> str | None:
+    """The one sentence refusing XLA_USE_BF16 / XLA_DOWNCAST_BF16 when set, or None. They turn every
+    float tensor of the process into bf16 (the weights and the optimizer state too, so small updates
+    are lost), behind the precision setting's back: bf16 here is autocast, chosen by precision=bf16."""
+    for name in BF16_VARIABLES:
+        if os.environ.get(name, "").strip().lower() not in ("", "0", "false"):
+            return (f"{name} is set, which makes torch_xla keep every float tensor (weights and optimizer state "
+                    f"too) in bf16; unset it and use precision=bf16, which computes in bf16 under autocast and "
+                    f"keeps the weights in fp32.")
+    return None
+
+
+def default_compile_cache_dir() -> Path:
+    """``hardware.compile_cache_dir`` left null: ``xla_cache`` in the user's cache folder."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "app" / "xla_cache"
 
 
 def xla_problem() -> str | None:
