@@ -63,7 +63,7 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     assert re.search(r"\x1b\[[0-9;]*m(\x1b\[[0-9;]*m)?trainer", coloured)  # colours on a terminal
     summary = next(line for line in log_lines if "parameters (" in line)
     assert re.search(r"training digits on 1 process\(es\); model MLP: [\d,]+ parameters \([\d,]+ trainable, "
-                     r"0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no", summary), summary
+                     r"100 %; 0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no", summary), summary
 
 
 def test_config_tree_is_plain_when_not_on_a_terminal():

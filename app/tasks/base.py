@@ -7,7 +7,10 @@ inside ``app/tasks`` or in the user's own package (``_target_`` in a task YAML: 
 
 What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
 Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
-where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths
+where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split),
+:class:`CheckpointsBlocks` (``trainer.gradient_checkpointing`` for a model that is not a Transformers
+one), :class:`DeclaresAdapterTaskType` (peft's task type, where the model's class does not say it) and
+:class:`DescribesItself` (what the model card says of the model and the data). Sample lengths
 for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
 further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
 
@@ -129,4 +132,35 @@ class PredictsTest(Protocol):
     def write_predictions(self, outputs: torch.Tensor, path: str | Path) -> None:
         """Turn the test split's gathered outputs (``predict``'s rows, in file order) into predictions
         and write them (the main process only calls it)."""
+        ...
+
+
+@runtime_checkable
+class CheckpointsBlocks(Protocol):
+    """A task whose model, not a Transformers one, can recompute its activations block by block
+    (``trainer.gradient_checkpointing=true``: ``app/engine/activation_checkpointing.py`` runs each
+    block's forward under ``torch.utils.checkpoint``). A Transformers model needs none of this."""
+
+    def checkpoint_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The modules whose inner activations are recomputed in the backward pass (e.g. the layers of
+        a stack); each must take and return tensors."""
+        ...
+
+
+@runtime_checkable
+class DeclaresAdapterTaskType(Protocol):
+    """A task that names peft's task type for its model (``adapter=lora``): ``"SEQ_CLS"``,
+    ``"CAUSAL_LM"``, ``"TOKEN_CLS"``… Without it the model's class name decides
+    (``…ForSequenceClassification``, ``…ForCausalLM``; ``app/engine/adapters.py``)."""
+
+    peft_task_type: str | None
+
+
+@runtime_checkable
+class DescribesItself(Protocol):
+    """A task that tells the model card (``model/README.md``) what its model and data are."""
+
+    def card_facts(self) -> dict[str, str]:
+        """Short markdown values by heading, in order: ``base model`` (a hub name or folder, or how the
+        model is built), ``data`` (files, folder or hub name), ``labels``…"""
         ...
