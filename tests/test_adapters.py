@@ -90,7 +90,7 @@ def test_mrpc_with_lora_on_two_processes_in_bf16_exports_an_adapter_and_a_merged
                    cwd=tmp_path, timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = (run_dir / "app.log").read_text()
-    assert "gradient checkpointing: BertForSequenceClassification.gradient_checkpointing_enable(use_reentrant=False)" in log
+    assert "gradient checkpointing: BertForSequenceClassification.activation_checkpointing_enable(use_reentrant=False)" in log
     summary = re.search(r"model BertForSequenceClassification with LoRA adapters \(r=8, alpha=16, dropout=0.1\) on "
                         r"query, value: [\d,]+ parameters \([\d,]+ trainable, ([\d.]+) %; [\d,]+ frozen\)", log)
     assert summary is not None, log[-3000:]
@@ -153,6 +153,7 @@ def test_lora_resumes_bitwise_and_mode_eval_reads_its_exports_and_checkpoints(mr
     final = [e for e in events(reference) if "eval/f1" in e][-1]
     for source in (reference / "model", resumed / "model", checkpoints[6]):
         out = tmp_path / f"eval-{source.parent.name}-{source.name}"
+        out.mkdir()  # python -m app's Hydra makes the run folder; run() in-process expects it
         run(compose_config(*args, "mode=eval", f"resume={source}"), out)
         measured = json.loads((out / "eval_metrics.json").read_text())["metrics"]
         assert measured["eval/f1"] == final["eval/f1"] and measured["eval/accuracy"] == final["eval/accuracy"], source

@@ -46,17 +46,19 @@ def test_transformers_models_and_declared_blocks_recompute_with_the_same_loss_an
     class Task:
         name = "tiny"
 
-    batch = {"input_ids": torch.randint(5, 300, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
+    vocab = transformers.AutoConfig.from_pretrained(text_model).vocab_size
+    batch = {"input_ids": torch.randint(5, vocab, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
 
     def classify(model: nn.Module) -> torch.Tensor:
         return nn.functional.cross_entropy(model(**batch).logits, torch.tensor([0, 1, 1, 0]))
 
     bert = transformers.AutoModelForSequenceClassification.from_pretrained(text_model, hidden_dropout_prob=0.3)
-    assert same_with_and_without(bert, Task(), classify).startswith("BertForSequenceClassification.gradient_")
-    assert bert.bert.encoder.gradient_checkpointing
+    assert same_with_and_without(bert, Task(), classify).startswith("BertForSequenceClassification.activation_")
+    assert bert.is_activation_checkpointing
     encoder = transformers.AutoModel.from_pretrained(text_model, hidden_dropout_prob=0.3)
     pooled = MeanPoolingForSequenceClassification.from_encoder(encoder, num_labels=2)
     same_with_and_without(pooled, Task(), classify)
+    assert pooled.is_activation_checkpointing  # reached the encoder's layers
 
     digits = build_task(compose_config().task)
     x, y = torch.rand(16, 64), torch.randint(0, 10, (16,))

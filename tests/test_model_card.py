@@ -28,8 +28,8 @@ def sections(card: str) -> dict[str, list[str]]:
 
 def rows(lines: list[str]) -> dict[str, str]:
     """A two-column markdown table's rows (header and rule skipped), cells unquoted."""
-    cells = [[c.strip().strip("`") for c in line.strip("|").split(" | ")] for line in lines if line.startswith("| ")]
-    return {a: b for a, b in cells[1:]}
+    cells = [[c.strip().replace("`", "") for c in line.strip("|").split(" | ")] for line in lines if line.startswith("| ")]
+    return {a: b for a, b in cells[2:]}
 
 
 def test_an_export_has_a_model_card_with_the_evaluation_of_the_exported_weights(tmp_path):

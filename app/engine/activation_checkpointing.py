@@ -1,7 +1,8 @@
 """``trainer.gradient_checkpointing=true``: keep fewer activations for the backward pass and compute them
 again there (less memory, roughly one more forward pass of compute).
 
-- A Transformers model does it itself: ``gradient_checkpointing_enable`` with non-reentrant
+- A Transformers model does it itself: ``gradient_checkpointing_enable`` (``activation_checkpointing_enable``
+  since Transformers 5) with non-reentrant
   ``torch.utils.checkpoint`` (``use_reentrant=False``: correct with frozen inputs, as under LoRA, and
   with inputs that need no gradient), where its class supports it.
 - Any other model, through ``torch.utils.checkpoint`` on the blocks its task declares
@@ -32,6 +33,11 @@ def enable_gradient_checkpointing(model: nn.Module, task: Task) -> str:
     """Turn it on for ``model``; returns how, for the log. ConfigError when the model cannot."""
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if callable(enable) and getattr(model, "supports_gradient_checkpointing", False):
+        # Transformers 5 renamed it activation_checkpointing_enable (the old name warns, until v6).
+        renamed = getattr(model, "activation_checkpointing_enable", None)
+        if callable(renamed):
+            renamed(activation_checkpointing_kwargs={"use_reentrant": False})
+            return f"{type(model).__name__}.activation_checkpointing_enable(use_reentrant=False)"
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         return f"{type(model).__name__}.gradient_checkpointing_enable(use_reentrant=False)"
     blocks = task.checkpoint_blocks(model) if isinstance(task, CheckpointsBlocks) else []
