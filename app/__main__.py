@@ -25,14 +25,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from app.config import ConfigError, RunConfig
+from app.config import ConfigError, RunConfig, Tracker
 from app.configure import register_configs, to_run_config
 from app.console import announce, details_to_log_file, enter_parallel_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.refusal import RunFolderUndo
 from app.run_folder import CLAIMS, claim_from_argv
-from app.run_layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS
+from app.run_layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS, mlflow_store
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 log = logging.getLogger("app")
@@ -92,6 +92,9 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
     multirun = hydra_cfg.mode is RunMode.MULTIRUN
     if multirun and cfg.logging.group is None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
+    if Tracker.mlflow in cfg.logging.trackers and cfg.logging.mlflow_tracking_uri is None:
+        # One store for the single runs and the sweeps' jobs alike (Hydra's folders say where).
+        cfg.logging.mlflow_tracking_uri = mlflow_store(run_dir, Path(hydra_cfg.run.dir), Path(hydra_cfg.sweep.dir))
     from app.engine.result import NAN, read_result
     from app.interrupts import RunInterrupted
     from app.launching.launch import launch

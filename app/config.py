@@ -21,6 +21,7 @@ schemas and the hardware specs can import it (and answering a refused config nee
 from __future__ import annotations
 
 import enum
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,14 @@ from omegaconf import MISSING
 
 class ConfigError(ValueError):
     """A run configuration that cannot work; the message is one sentence for the user."""
+
+
+def require_package(package: str, needed_by: str, extra: str, instead: str) -> None:
+    """``<needed_by> needs the <package> package, which is not installed; ...`` when it is not (asked
+    without importing it: a refused config answers before any heavy import)."""
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(f"{needed_by} needs the {package} package, which is not installed; pip install -e "
+                          f"\".[{extra}]\" (or pip install {package}), or {instead}.")
 
 
 def require_positive(values: Mapping[str, float | None]) -> None:
@@ -82,6 +91,14 @@ class RunMode(enum.Enum):
 class Tracker(enum.Enum):
     tensorboard = "tensorboard"
     wandb = "wandb"
+    mlflow = "mlflow"
+
+
+class AdapterKind(enum.Enum):
+    """The ``adapter=`` options: train the whole model, or a peft adapter on it (app/engine/adapters.py)."""
+
+    none = "none"
+    lora = "lora"
 
 
 @dataclass
@@ -234,6 +251,11 @@ class TrainerConfig:
     profile_steps: int = 0
     """Profile this many optimizer steps (after one skipped and one warm-up) with torch.profiler; the
     Chrome trace goes to <run folder>/profile/ (debug=profile); 0: off."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass instead of keeping them (less memory, about a third
+    more compute): a Transformers model through its gradient_checkpointing_enable, another model
+    through torch.utils.checkpoint on the blocks its task declares; refused for a model that has neither
+    (app/engine/activation_checkpointing.py)."""
 
     def check(self) -> None:
         require_positive({
@@ -332,8 +354,60 @@ class LoggingConfig:
     print_config: bool = True
     """Print the resolved config as a tree at start (coloured on a terminal)."""
     project_name: str = "app"
+    """wandb's project, MLflow's experiment."""
     group: str | None = None
     """wandb's run group; null: none for a single run, the sweep folder's path for a multirun's jobs."""
+    mlflow_tracking_uri: str | None = None
+    """Where the mlflow tracker writes (a tracking server's URL, or a backend store such as
+    ``sqlite:///path/mlflow.db``); null: ``sqlite:///<outputs>/mlflow.db``, <outputs> being the folder
+    that holds both hydra.run.dir and hydra.sweep.dir (``outputs/`` by default: every run and every
+    sweep job in one store; app/run_layout.py)."""
+
+    def check(self) -> None:
+        for tracker in (Tracker.wandb, Tracker.mlflow):
+            if tracker in self.trackers:
+                require_package(tracker.value, f"logging.trackers={tracker.value}", tracker.value,
+                                f"remove {tracker.value} from logging.trackers")
+
+
+@dataclass
+class AdapterConfig:
+    """``adapter=none``: the whole model is trained (its options add their fields)."""
+
+    kind: AdapterKind = AdapterKind.none
+
+    def check(self) -> None:
+        pass
+
+
+@dataclass
+class LoraAdapterConfig(AdapterConfig):
+    """``adapter=lora``: peft's LoRA on the task's model. Only the low-rank matrices (and a
+    classifier head, which peft trains whole) are trained; the model's own weights stay frozen."""
+
+    kind: AdapterKind = AdapterKind.lora
+    r: int = 8
+    """Rank of each low-rank update."""
+    alpha: float = 16.0
+    """Scaling: the update is ``alpha / r * B @ A``."""
+    dropout: float = 0.1
+    """Dropout on the adapter's input."""
+    target_modules: list[str] | None = None
+    """The modules that get an adapter, by name or the end of one (peft's rule: ``[query, value]``,
+    or ``[all-linear]``); each must name a module of the model. null: peft's defaults for the model
+    type (BERT: query, value)."""
+    merge_on_export: bool = True
+    """Also export the adapter merged into the model's weights: ``model/`` then loads with plain
+    ``from_pretrained``; the adapter alone is in ``model/adapter/`` either way."""
+
+    def check(self) -> None:
+        require_package("peft", "adapter=lora", "peft", "use adapter=none")
+        require_positive({"adapter.r": self.r, "adapter.alpha": self.alpha})
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"adapter.dropout must be in [0, 1), got {self.dropout}.")
+        if self.target_modules is not None and (not self.target_modules or not all(self.target_modules)):
+            raise ConfigError("adapter.target_modules must name at least one module (or be null: peft's defaults "
+                              "for the model type).")
 
 
 @dataclass
@@ -371,6 +445,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
     seed: int = 42
     resume: str | None = None
     """A run folder, its checkpoints/ folder, one checkpoint_<N>, or ``auto`` (the newest valid checkpoint
@@ -395,6 +470,8 @@ class RunConfig:
                               "folder>.")
         self.optim.check()
         self.scheduler.check()
+        self.logging.check()
+        self.adapter.check()
         self.task.check()
 
     @property

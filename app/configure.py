@@ -16,11 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.config import (
     AdamWConfig,
+    AdapterConfig,
     CheckpointConfig,
     ConfigError,
     EarlyStoppingConfig,
     HardwareConfig,
     LoggingConfig,
+    LoraAdapterConfig,
     PrecisionConfig,
     RunConfig,
     SchedulerConfig,
@@ -45,6 +47,8 @@ def register_configs() -> None:
     cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
     cs.store(group="early_stopping", name="early_stopping_schema", node=EarlyStoppingConfig)
     cs.store(group="logging", name="logging_schema", node=LoggingConfig)
+    cs.store(group="adapter", name="adapter_schema", node=AdapterConfig)
+    cs.store(group="adapter", name="lora_schema", node=LoraAdapterConfig)
     for name, schema in TASK_SCHEMAS.items():
         cs.store(group="task", name=f"{name}_schema", node=schema)
     register_grid_sweeper(cs)

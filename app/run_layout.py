@@ -13,17 +13,21 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
       metrics.jsonl           one JSON object per logged event
       tensorboard/            the same scalars as TensorBoard events
       checkpoints/            checkpoint_<N>/ (their own layout: app/distributed/checkpoint/store.py)
-      model/                  the exported model, and export.json (which weights, from where)
+      model/                  the exported model, export.json (which weights, from where), README.md (its
+                              model card) and, with adapter=lora, adapter/ (peft's adapter files)
       result.json             how the run ended
       eval_metrics.json       a mode=eval run's metrics
       test_predictions.tsv    task.predict_test=true
       profile/                debug=profile's traces (profile_<rank>.json)
       report.png              python -m app.report <run folder>
       .lock                   held by the run that owns the folder (app/run_folder.py)
+
+Beside the run folders, ``<outputs>/mlflow.db``: logging.trackers=[mlflow]'s default store (:func:`mlflow_store`).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 HYDRA_DIR = ".hydra"
@@ -35,6 +39,11 @@ CHECKPOINTS_DIR = "checkpoints"
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"
 """In ``model/``: which weights were exported, and from which checkpoint."""
+MODEL_CARD_FILE = "README.md"
+"""In ``model/``: the model card (app/engine/model_card.py)."""
+ADAPTER_DIR = "adapter"
+"""In ``model/``: a peft adapter's own files (adapter_config.json, adapter_model.safetensors)."""
+MLFLOW_DB = "mlflow.db"
 RESULT_FILE = "result.json"
 EVAL_METRICS_FILE = "eval_metrics.json"
 PREDICTIONS_FILE = "test_predictions.tsv"
@@ -71,3 +80,17 @@ def tensorboard_dir(run_dir: Path) -> Path:
 def profile_dir(run_dir: Path) -> Path:
     return run_dir / PROFILE_DIR
 
+
+def adapter_dir(model_folder: Path) -> Path:
+    return model_folder / ADAPTER_DIR
+
+
+def mlflow_store(run_folder: Path, hydra_run_dir: Path, hydra_sweep_dir: Path) -> str:
+    """The default MLflow store, ``sqlite:///<outputs>/mlflow.db``: <outputs> is the deepest folder that
+    holds both ``hydra.run.dir`` and ``hydra.sweep.dir`` (``outputs/`` with conf/config.yaml's
+    ``outputs/<date>/<time>`` and ``outputs/multirun/<date>/<time>``), so single runs and every sweep's
+    jobs land in one store, side by side. When the two share nothing below the filesystem's root:
+    the folder that holds ``run_folder`` (a sweep job's: its sweep folder)."""
+    common = Path(os.path.commonpath([hydra_run_dir.absolute(), hydra_sweep_dir.absolute()]))
+    outputs = common if common != Path(common.anchor) else run_folder.absolute().parent
+    return f"sqlite:///{outputs / MLFLOW_DB}"

@@ -69,7 +69,7 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
                      (tmp_path / "run" / "app.log").read_text(), re.MULTILINE)
     summary = next(line for line in log_lines if "parameters (" in line)
     assert re.search(r"training digits on 1 process\(es\); model MLP: [\d,]+ parameters \([\d,]+ trainable, "
-                     r"0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no, 1 thread \(small model\)", summary), summary
+                     r"100 %; 0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no, 1 thread \(small model\)", summary), summary
 
 
 def test_config_tree_is_plain_when_not_on_a_terminal():

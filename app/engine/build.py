@@ -16,6 +16,8 @@ from app.config import ConfigError, RunConfig
 from app.config_tree import as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.hardware import build_backend
+from app.engine.activation_checkpointing import enable_gradient_checkpointing
+from app.engine.adapters import attach_adapter
 from app.engine.loop import Components, total_optimizer_steps
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.threads import choose_threads, use_threads
@@ -41,7 +43,10 @@ def build_accelerator(cfg: RunConfig, run_dir: Path) -> Accelerator:
     )
 
 
-def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None = None) -> Components:
+def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None = None,
+                     saved_adapter: Path | None = None) -> Components:
+    """``saved_adapter``: a peft adapter folder to put on the task's model instead of new adapters
+    (mode=eval of an export without merged weights)."""
     task = task if task is not None else build_task(cfg.task)
     check_monitor(cfg, task)
     data = debug_subsets(cfg, task.build_data(accelerator))
@@ -54,6 +59,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     frozen = freeze_parameters(model, list(cfg.optim.freeze))
     if frozen:
         log.info("not training %d parameter tensor(s) (optim.freeze): %s", len(frozen), ", ".join(frozen))
+    if cfg.trainer.gradient_checkpointing:
+        log.info("gradient checkpointing: %s", enable_gradient_checkpointing(model, task))
+    model = attach_adapter(model, cfg.adapter, task, saved=saved_adapter)  # adapter=none: the model itself
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
                               num_workers=cfg.trainer.num_workers, **train_sampling(cfg, task, data))
     eval_loader, *extra_loaders = (

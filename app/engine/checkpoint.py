@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.config import ExportChoice, RunConfig
+from app.config import AdapterConfig, ExportChoice, LoraAdapterConfig, RunConfig
 from app.config_tree import as_plain
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
 from app.distributed.checkpoint.export import write_weights
@@ -36,21 +36,27 @@ from app.distributed.checkpoint.store import (
     rotate,
     run_folder_of,
 )
+from app.engine.adapters import export_adapter
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
-from app.run_layout import EXPORT_FILE, checkpoints_dir, metrics_file
+from app.run_layout import EXPORT_FILE, MODEL_CARD_FILE, checkpoints_dir, metrics_file
 
 log = logging.getLogger(__name__)
 
 
 def config_hash(cfg: RunConfig) -> str:
-    """What a checkpoint must have been trained with to be resumed: the task (its data and model)
-    and the optimizer type. Folder locations (``*_dir`` task fields) and everything else (epochs,
-    learning rate, batch size, processes) may change on resume."""
+    """What a checkpoint must have been trained with to be resumed: the task (its data and model),
+    the optimizer type and, with adapters, their shape (kind, rank, scaling, targets). Folder locations
+    (``*_dir`` task fields) and everything else (epochs, learning rate, batch size, processes, the
+    adapter's dropout and export) may change on resume."""
     task = {k: v for k, v in as_plain(cfg.task).items() if not k.endswith("_dir")}
-    payload = json.dumps({"task": task, "optimizer": cfg.optim._target_}, sort_keys=True, default=str)
+    identity: dict[str, Any] = {"task": task, "optimizer": cfg.optim._target_}
+    if isinstance(cfg.adapter, LoraAdapterConfig):  # adapter=none hashes as before adapters existed
+        identity["adapter"] = {"kind": cfg.adapter.kind.value, "r": cfg.adapter.r, "alpha": cfg.adapter.alpha,
+                               "target_modules": cfg.adapter.target_modules}
+    payload = json.dumps(identity, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -274,27 +280,38 @@ def tracker_kwargs(manifest: Manifest | None, group: str | None = None) -> dict[
     return kwargs
 
 
-def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = None) -> None:
+def export_model(c: Components, folder: Path, metadata: dict[str, Any] | None = None,
+                 adapter: AdapterConfig | None = None, card: str | None = None) -> None:
     """Write the final model to ``folder`` atomically: weights (``model.safetensors`` or shards, with
     the unwrapped model's key names; the weight average with trainer.ema_decay) and the task's
     artifacts, in a temporary folder renamed into place. Every process calls it (FSDP2 gathers the
-    weights)."""
+    weights). With LoRA adapters (``adapter``): peft's ``adapter/`` and, with merge_on_export, the
+    merged weights (``app.engine.adapters.export_adapter``). ``card``: the model card, ``README.md``."""
     acc = c.accelerator
     temporary = temporary_sibling(folder)
     if acc.is_main_process:
         for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+    artifacts_model = acc.unwrap_model(c.model)
     with c.evaluation_weights():
         # Every process gathers (FSDP2); the tensors may be the live parameters, so they are written
         # before the training weights come back. Written plainly: the folder is published whole, below.
-        shards = acc.model_shards(c.model, temporary)
-        if acc.is_main_process:
-            temporary.mkdir(parents=True)
-            write_weights(temporary, shards, safe=True, each_file_atomic=False)
+        if isinstance(adapter, LoraAdapterConfig):
+            state = acc.get_state_dict(c.model)
+            if acc.is_main_process:
+                temporary.mkdir(parents=True)
+                artifacts_model = export_adapter(c.task, adapter, state, temporary)
+        else:
+            shards = acc.model_shards(c.model, temporary)
+            if acc.is_main_process:
+                temporary.mkdir(parents=True)
+                write_weights(temporary, shards, safe=True, each_file_atomic=False)
     if acc.is_main_process:
-        c.task.save_artifacts(acc.unwrap_model(c.model), temporary)
+        c.task.save_artifacts(artifacts_model, temporary)
         if metadata is not None:
             (temporary / EXPORT_FILE).write_text(json.dumps(metadata, indent=1) + "\n", encoding="utf-8")
+        if card is not None:
+            (temporary / MODEL_CARD_FILE).write_text(card, encoding="utf-8")
         fsync_paths(p for p in temporary.rglob("*") if p.is_file())
         publish(temporary, folder)
         if metadata is not None:

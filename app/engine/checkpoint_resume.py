@@ -7,13 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import EXPORT_FILE, model_dir
+from app.run_layout import EXPORT_FILE, adapter_dir, model_dir
 
 
 def is_model_folder(path: Path) -> bool:
     """An exported model (``<run folder>/model/``, or ``Accelerator.save_model``'s folder, its weights
-    in one file or in shards with an index), not a checkpoint."""
-    return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file())
+    in one file or in shards with an index; or an export of peft adapters alone, ``adapter/``), not a
+    checkpoint."""
+    return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
+             or (adapter_dir(path) / "adapter_config.json").is_file())
             and not (path / "manifest.json").exists())
 
 

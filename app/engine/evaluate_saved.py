@@ -8,12 +8,14 @@ evaluates that checkpoint instead. The log says in one line which weights it eva
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
 
-from app.config import RunConfig
+from app.config import AdapterConfig, AdapterKind, RunConfig
 from app.distributed.random import set_seed
+from app.engine.adapters import saved_adapter
 from app.engine.build import build_accelerator, build_components, build_early_stopping
 from app.engine.checkpoint import CheckpointPolicy
 from app.engine.checkpoint_resume import export_description, exported_model_of, is_model_folder
@@ -34,13 +36,21 @@ def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
     if not accelerator.is_main_process:
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        components = build_components(cfg, accelerator)
         if is_model_folder(source):
-            # An export holds the weights that were evaluated (the average, with trainer.ema_decay).
+            # An export holds the weights that were evaluated (the average, with trainer.ema_decay): the
+            # merged weights of LoRA adapters are a plain model; without them, its adapter/ goes on the
+            # task's model.
+            adapter = saved_adapter(source)
+            if adapter is None and cfg.adapter.kind is not AdapterKind.none:
+                log.info("%s holds the adapters merged into its weights: evaluating them as the plain model", source)
+                cfg = dataclasses.replace(cfg, adapter=AdapterConfig())
+            components = build_components(cfg, accelerator, saved_adapter=adapter)
             components.weight_average = None
-            accelerator.load_model(components.model, source)
+            if adapter is None:
+                accelerator.load_model(components.model, source)
             log.info("evaluating %s", describe_export(source, run_folder=given if source != given else None))
         else:
+            components = build_components(cfg, accelerator)
             # The checkpoint's own layout (weights, optimizer, weight average...), read only.
             policy = CheckpointPolicy(cfg, components, LoopState(), build_early_stopping(cfg), run_dir)
             manifest = accelerator.load_state(source, config_hash=policy.config_hash)

@@ -20,13 +20,15 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
+from app.engine.mlflow_options import mlflow_kwargs
+from app.engine.model_card import model_card
 from app.engine.predict import write_test_predictions
 from app.engine.progress import human
 from app.engine.pruning import Pruning
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, objective, write_result
 from app.engine.summary import model_summary
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
-from app.run_layout import PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
+from app.run_layout import MODEL_DIR, PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,8 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
             # An earlier segment's result no longer describes the folder once training goes on.
             result_file(run_dir).unlink(missing_ok=True)
         accelerator.init_trackers(cfg.logging.project_name, config=as_plain(cfg),
-                                  init_kwargs=tracker_kwargs(resumed, cfg.logging.group))
+                                  init_kwargs={**tracker_kwargs(resumed, cfg.logging.group),
+                                               **mlflow_kwargs(cfg, run_dir, resumed is not None)})
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision, components.threads),
@@ -128,7 +131,11 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         if cfg.predicts_test:
             write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         if cfg.checkpoint.save_final_model:
-            export_model(components, model_dir(run_dir), metadata)
+            card = (model_card(cfg, components, run_dir, metadata, time.monotonic() - started)
+                    if accelerator.is_main_process else None)
+            export_model(components, model_dir(run_dir), metadata, adapter=cfg.adapter, card=card)
+            for tracker in accelerator.trackers:  # those that keep files (mlflow) keep the export too
+                tracker.log_artifacts(model_dir(run_dir), MODEL_DIR)
         # A pruned trial stopped as on an early stop and exported alike; only its status says pruned.
         status = FINISHED if components.pruning.pruned_at is None else PRUNED
         record(status, exported=exported_model(metadata) if cfg.checkpoint.save_final_model else None)

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 from torch import nn
 
+from app.engine.adapters import describe
+
 
 def model_summary(model: nn.Module, hardware: str, device: object, precision: str, threads: object = None) -> str:
-    """e.g. ``model MLP: 17,226 parameters (17,226 trainable, 0 frozen), 0.07 MB; hardware cpu on cpu,
-    precision no, 1 thread (small model)``: ``threads`` is torch's intra-op threads and why
-    (``app.engine.threads``). Sharded parameters count with their full size."""
+    """e.g. ``model MLP: 17,226 parameters (17,226 trainable, 100 %; 0 frozen), 0.07 MB; hardware cpu
+    on cpu, precision no, 1 thread (small model)``: ``threads`` is torch's intra-op threads and why
+    (``app.engine.threads``); with LoRA adapters, the model's class and theirs
+    (``BertForSequenceClassification with LoRA adapters (r=8, …) on query, value``) and the small
+    trainable share. Sharded parameters count with their full size."""
     total = trainable = size = 0
     for p in model.parameters():
         total += p.numel()
         size += p.numel() * p.element_size()
         if p.requires_grad:
             trainable += p.numel()
-    return (f"model {type(model).__name__}: {total:,} parameters ({trainable:,} trainable, "
+    return (f"model {describe(model)}: {total:,} parameters ({trainable:,} trainable, {percent(trainable, total)}; "
             f"{total - trainable:,} frozen), {size / 2**20:.2f} MB; hardware {hardware} on {device}, "
             f"precision {precision}" + ("" if threads is None else f", {threads}"))
+
+
+def percent(part: int, whole: int) -> str:
+    """``0.33 %``, ``12 %``, ``100 %``: two significant figures below 10 %."""
+    share = 100 * part / whole if whole else 0.0
+    return f"{share:.2g} %" if share < 10 else f"{share:.0f} %"

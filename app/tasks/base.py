@@ -8,10 +8,13 @@ inside ``app/tasks`` or in the user's own package (``_target_`` in a task YAML: 
 What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
 Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
 where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split),
-:class:`CountsTokens` (``tokens_in_batch``: the training log's ``train/tokens_per_s``) and
-:class:`KnowsFlops` (``flops_per_token``: its ``train/mfu``). Sample lengths for
-``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none); further
-evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+:class:`CountsTokens` (``tokens_in_batch``: the training log's ``train/tokens_per_s``),
+:class:`KnowsFlops` (``flops_per_token``: its ``train/mfu``), :class:`CheckpointsBlocks`
+(``trainer.gradient_checkpointing`` for a model that is not a Transformers one),
+:class:`DeclaresAdapterTaskType` (peft's task type, where the model's class does not say it) and
+:class:`DescribesItself` (what the model card says of the model and the data). Sample lengths
+for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
+further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
 
 Nothing here is specific to classification: ``StepOutput.logits`` and ``labels`` are whatever
 ``compute_metrics`` needs per sample (a language model may return per-sample loss sums and token
@@ -145,6 +148,17 @@ class CountsTokens(Protocol):
         Called once per micro-batch as it is drawn. An int is fine; a 0-d integer tensor on the batch's
         device (``mask.sum()``, no ``.item()``) is summed there and read only at log steps, which
         spares an accelerator a host sync per batch."""
+
+
+@runtime_checkable
+class CheckpointsBlocks(Protocol):
+    """A task whose model, not a Transformers one, can recompute its activations block by block
+    (``trainer.gradient_checkpointing=true``: ``app/engine/activation_checkpointing.py`` runs each
+    block's forward under ``torch.utils.checkpoint``). A Transformers model needs none of this."""
+
+    def checkpoint_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The modules whose inner activations are recomputed in the backward pass (e.g. the layers of
+        a stack); each must take and return tensors."""
         ...
 
 
@@ -155,4 +169,22 @@ class KnowsFlops(Protocol):
 
     def flops_per_token(self) -> float:
         """FLOPs of one training token, forward and backward (used with :class:`CountsTokens`)."""
+
+
+@runtime_checkable
+class DeclaresAdapterTaskType(Protocol):
+    """A task that names peft's task type for its model (``adapter=lora``): ``"SEQ_CLS"``,
+    ``"CAUSAL_LM"``, ``"TOKEN_CLS"``… Without it the model's class name decides
+    (``…ForSequenceClassification``, ``…ForCausalLM``; ``app/engine/adapters.py``)."""
+
+    peft_task_type: str | None
+
+
+@runtime_checkable
+class DescribesItself(Protocol):
+    """A task that tells the model card (``model/README.md``) what its model and data are."""
+
+    def card_facts(self) -> dict[str, str]:
+        """Short markdown values by heading, in order: ``base model`` (a hub name or folder, or how the
+        model is built), ``data`` (files, folder or hub name), ``labels``…"""
         ...

@@ -72,3 +72,19 @@ class DigitsTask:
 
     def save_artifacts(self, model: nn.Module, folder: Path) -> None:
         (folder / "task.json").write_text(json.dumps({"task": self.name, **asdict(self.cfg)}, indent=2))
+
+    def checkpoint_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """trainer.gradient_checkpointing: the MLP's linear layers (app.tasks.base.CheckpointsBlocks). On a
+        model this small it saves nothing worth having (a linear layer keeps only its input, which the
+        checkpoint keeps too); it is the protocol's example, and what its tests drive."""
+        return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+    def card_facts(self) -> dict[str, str]:
+        """What the model card says of the model and the data (app.tasks.base.DescribesItself)."""
+        widths = "-".join(str(w) for w in (self.num_features, *self.cfg.hidden_sizes, self.num_classes))
+        return {"title": f"MLP {widths} on 8×8 digits",
+                "base model": f"an MLP {widths} (dropout {self.cfg.dropout:g}) trained from scratch (app/tasks/digits.py)",
+                "labels": f"{self.num_classes} classes, the digits 0–9",
+                "data": "scikit-learn's bundled 8×8 handwritten digits (1,797 images, pixels scaled to [0, 1]); "
+                        f"{self.cfg.eval_fraction:.0%} held out for evaluation, stratified (task.split_seed="
+                        f"{self.cfg.split_seed})."}

@@ -46,6 +46,8 @@ class MeanPoolingConfig(PretrainedConfig):
 class MeanPoolingForSequenceClassification(PreTrainedModel):
     config_class = MeanPoolingConfig
     base_model_prefix = "encoder"
+    # gradient_checkpointing_enable() reaches the encoder's layers, which recompute themselves.
+    supports_gradient_checkpointing = True
 
     def __init__(self, config: MeanPoolingConfig, encoder: PreTrainedModel | None = None):
         super().__init__(config)

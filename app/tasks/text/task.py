@@ -30,7 +30,7 @@ from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.splits import stratified_split
 from app.tasks.text.batches import PaddingCollator, split_swapped, with_swapped_pairs
-from app.tasks.text.config import TextClassificationConfig
+from app.tasks.text.config import Pooling, TextClassificationConfig
 from app.tasks.text.glue import GLUE_SPECS, TsvLabels
 from app.tasks.text.labels import LABEL_COLUMN, LabelSet, check_columns, encode_labels, read_labels
 from app.tasks.text.metrics import METRICS, Problem, chosen_metrics, compute, f1_average
@@ -77,6 +77,8 @@ class TextClassificationTask:
         self._raw_test: Split | None = None
         self._test_rows: Rows | None = None
         self._test: datasets.Dataset | None = None
+        self._held_out = False
+        """Whether the evaluation set was held out of train (the data had no evaluation split)."""
 
     # The tokenizer is loaded on first use: build_data, save_artifacts and the tests all need it,
     # and building the task (e.g. to validate a config) should not touch the disk or network.
@@ -143,6 +145,7 @@ class TextClassificationTask:
                                   "task reports.")
         if "" not in evaluations:
             train_rows, evaluations[""] = self._hold_out(train_rows)
+            self._held_out = True
         test = raw.get(self.test_split)
         if test is not None:
             check_columns(test, self.text_fields, None)  # its labels, if it has any, are not read
@@ -287,6 +290,28 @@ class TextClassificationTask:
             config.auto_map = mean_pooling.auto_map()
             shutil.copyfile(mean_pooling.__file__, folder / mean_pooling.MODULE_FILE)
         config.save_pretrained(folder)
+
+    def card_facts(self) -> dict[str, str]:
+        """What the model card says of the model and the data (app.tasks.base.DescribesItself)."""
+        cfg = self.cfg
+        head = "a linear head on the mean token state (task.pooling=mean)" if cfg.pooling is Pooling.mean \
+            else "its own sequence-classification head"
+        labels = self.label_set()
+        if cfg.data_files.train is not None:
+            files = {"train": cfg.data_files.train, "validation": cfg.data_files.validation, "test": cfg.data_files.test}
+            data = "Files: " + ", ".join(f"{split} `{path}`" for split, path in files.items() if path)
+        elif cfg.data_dir is not None:
+            data = f"The {self.title} files in `{cfg.data_dir}`"
+        else:
+            data = f"`datasets.load_dataset({cfg.dataset!r}" + (f", {cfg.dataset_config!r}" if cfg.dataset_config else "") + ")`"
+        if self._held_out:
+            data += f"; {cfg.eval_fraction:.0%} of train held out for evaluation (task.split_seed={cfg.split_seed})"
+        columns = " and ".join(f"`{c}`" for c in self.text_fields)
+        return {"title": f"{self.title}, {cfg.model}",
+                "base model": f"`{cfg.model}`" + (f" (tokenizer `{cfg.tokenizer}`)" if cfg.tokenizer else "") + f", {head}",
+                "labels": f"{labels.problem.value}: " + ", ".join(str(n) for n in labels.names),
+                "input": f"{columns}, at most {cfg.max_length} tokens",
+                "data": data + "."}
 
     # -- test split (cfg.predict_test) ---------------------------------------------------------------------
 
