@@ -7,13 +7,16 @@ inside ``app/tasks`` or in the user's own package (``_target_`` in a task YAML: 
 
 What a task may ask of the runtime while it builds its data is :class:`TaskRuntime` (the
 Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
-where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split). Sample lengths
-for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
-further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split),
+:class:`SummedMetrics` (metrics from per-process sums reduced across processes, instead of gathered
+per-sample outputs: a language model's loss and perplexity). Sample lengths for
+``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none); further
+evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`. A training split may
+be a stream (``app.distributed.data_stream.ShardedStream``: each process reads its own part and
+checkpoints its position); the config must then say so (``TaskConfig.streams_training_data``).
 
 Nothing here is specific to classification: ``StepOutput.logits`` and ``labels`` are whatever
-``compute_metrics`` needs per sample (a language model may return per-sample loss sums and token
-counts), gathered across processes with the padding duplicates removed.
+``compute_metrics`` needs per sample, gathered across processes with the padding duplicates removed.
 """
 
 from __future__ import annotations
@@ -43,13 +46,17 @@ class TaskData:
     ``eval/accuracy_mm``). Their names belong in ``metric_names`` too."""
 
 
+NO_OUTPUTS = torch.empty(0)
+"""StepOutput's logits and labels when the engine reads none (a :class:`SummedMetrics` task)."""
+
+
 @dataclass
 class StepOutput:
     loss: torch.Tensor
     """Mean loss over the batch (a 0-d tensor): what training back-propagates."""
-    logits: torch.Tensor
+    logits: torch.Tensor = NO_OUTPUTS
     """One row per sample: the model's outputs that ``compute_metrics`` reads (any trailing shape)."""
-    labels: torch.Tensor
+    labels: torch.Tensor = NO_OUTPUTS
     """One entry (or row) per sample: the targets that ``compute_metrics`` reads."""
 
 
@@ -129,4 +136,29 @@ class PredictsTest(Protocol):
     def write_predictions(self, outputs: torch.Tensor, path: str | Path) -> None:
         """Turn the test split's gathered outputs (``predict``'s rows, in file order) into predictions
         and write them (the main process only calls it)."""
+        ...
+
+
+@runtime_checkable
+class SummedMetrics(Protocol):
+    """A task whose evaluation metrics are functions of sums over the evaluation samples (a language
+    model's: summed token losses over token counts). Each process sums its own samples on its
+    device and the sums are reduced across processes once per evaluation: nothing per sample, let
+    alone vocabulary-sized logits, is gathered, and ``compute_metrics`` is not called. Used by
+    ``app/engine/loop.py``'s ``evaluate_sums``.
+
+    Optional beside it, read by the engine's throughput log when present: ``tokens_in_batch(batch)``,
+    the batch's trained tokens as a 0-d tensor on the batch's device, and ``flops_per_token()``, the
+    model's training FLOPs per token."""
+
+    def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per-sample quantities to sum, by name, for a batch already on the device: each a 1-d tensor
+        with one entry per sample (the engine drops the duplicates that complete the last global batch,
+        sums each over the evaluation set and reduces it across processes). ``num_samples`` is the
+        engine's own key."""
+        ...
+
+    def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """The evaluation set's metrics (keys without prefix, those of ``metric_names``) from the sums
+        over all its samples; every process calls it with the same sums."""
         ...
