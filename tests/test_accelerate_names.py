@@ -44,7 +44,7 @@ OMITTED = [
     ("torch.compile region helpers and the dynamo plugin: trainer.compile compiles the whole model",
      r"(?i)compile|dynamo"),
     ("kwargs handlers refused in one sentence here (README, Coming from Accelerate), and GradScaler access",
-     (r"^(AutocastKwargs|GradScalerKwargs|InitProcessGroupKwargs|get_grad_scaler|"
+     (r"^(GradScalerKwargs|InitProcessGroupKwargs|get_grad_scaler|"
      r"get_mixed_precision_context_manager)$")),
     ("tensor-tree and misc helpers internal to Accelerate's operations (ours are private)",
      (r"^(recursively_apply|honor_type|listify|find_batch_size|ignorant_find_batch_size|get_data_structure|"

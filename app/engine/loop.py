@@ -319,7 +319,7 @@ class Training:
         inject_fault = fault_point(self.acc.process_index)  # drills only: see app/engine/faults.py
         hooks = (c.weight_average.update if c.weight_average is not None else None,
                  (lambda: inject_fault(state.global_step)) if inject_fault is not None else None,
-                 self.progress.update if self.progress.bar is not None else None,
+                 self.progress.update if self.progress.counts else None,
                  c.profiler.step if c.profiler is not None else None)
         return tuple(hook for hook in hooks if hook is not None)
 

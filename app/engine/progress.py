@@ -63,6 +63,12 @@ class Progress:
         elif enabled and leave and total:
             self.plain = PlainProgress(desc, total, initial, unit)
 
+    @property
+    def counts(self) -> bool:
+        """Whether this progress counts steps at all (a bar, or plain lines): the loop skips
+        ``update`` otherwise."""
+        return self.bar is not None or self.plain is not None
+
     def update(self, n: int = 1) -> None:
         if self.bar is not None:
             self.bar.update(n)
