@@ -291,8 +291,8 @@ class Accelerator(ProcessControl):
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> Any:
         config = self.dataloader_config
-        place = device_placement if device_placement is not None else self.device_placement
-        device = self.device if place else torch.device("cpu")
+        placed = device_placement if device_placement is not None else self.device_placement
+        device = self.device if placed else torch.device("cpu")
         iterable = isinstance(data_loader.dataset, IterableDataset)
         place = (functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
                  if device.type != "cpu" else None)
@@ -305,8 +305,8 @@ class Accelerator(ProcessControl):
 
             dispatch = config.dispatch_batches if config.dispatch_batches is not None else True
             shard = IterableDataLoaderShard(data_loader, backend=self.backend, device=device,
-                                                 state=self.gradient_state, split_batches=config.split_batches,
-                                                 even_batches=config.even_batches, dispatch=dispatch)
+                                            state=self.gradient_state, split_batches=config.split_batches,
+                                            even_batches=config.even_batches, dispatch=dispatch)
         else:
             shard = shard_dataloader(
                 data_loader,

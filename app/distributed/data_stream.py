@@ -23,7 +23,7 @@ import copy
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch.utils.data import DataLoader
@@ -70,7 +70,7 @@ class StreamLoaderShard:
             raise ValueError("a ShardedStream is read in the training process itself (its position is that "
                              "process's); build its DataLoader with num_workers=0.")
         self.base_dataloader = loader
-        self.dataset: Any = loader.dataset
+        self.dataset = cast(ShardedStream, loader.dataset)  # prepare() sends only these here
         self.backend = backend
         self.device = device
         self.gradient_state = state

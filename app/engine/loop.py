@@ -311,6 +311,10 @@ class Training:
         # before this run).
         self.window_start, self.window_first_batch = time.perf_counter(), state.loss_batches
         self.step_hooks = self._step_hooks()
+        # A task that counts its batches' tokens (a language model) gets train/tokens_per_s: summed on the
+        # device as batches are drawn, read at log steps only. (Issue 27's throughput module generalises it.)
+        self.count_tokens: Callable[[Any], torch.Tensor] | None = getattr(c.task, "tokens_in_batch", None)
+        self.tokens = torch.zeros((), dtype=torch.int64, device=acc.device)
 
     def _step_hooks(self) -> tuple[Callable[[], object], ...]:
         """What runs after every optimizer step, in this order; only those in use (nothing is called
@@ -327,7 +331,15 @@ class Training:
         """The training loader at the state's epoch, from where a resumed epoch left off."""
         loader, state = self.c.train_loader, self.state
         loader.set_epoch(state.epoch)
-        return self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+        batches = self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+        return batches if self.count_tokens is None else self.counted(batches)
+
+    def counted(self, batches: Any) -> Any:
+        """The batches, each one's tokens (``Task.tokens_in_batch``, a 0-d device tensor) added to the window's."""
+        assert self.count_tokens is not None
+        for batch in batches:
+            self.tokens += self.count_tokens(batch)
+            yield batch
 
     def on_optimizer_step(self) -> bool:
         """Count the step, run the per-step hooks, log the training loss every log_every_n_steps,
@@ -406,6 +418,10 @@ class Training:
             "train/samples_per_s": (state.loss_batches - self.window_first_batch) * self.global_batch / max(elapsed, 1e-9),
             "epoch": state.epoch,
         }
+        if self.count_tokens is not None:
+            tokens = acc.reduce(self.tokens, reduction="sum") if self.several_processes else self.tokens
+            train_metrics["train/tokens_per_s"] = tokens.item() / max(elapsed, 1e-9)
+            self.tokens.zero_()
         acc.log(train_metrics, step=step)
         self.progress.show(loss=loss, samples_per_s=train_metrics["train/samples_per_s"])
         self.running_loss.zero_()

@@ -26,8 +26,8 @@ class LMCollator:
         lengths = [len(ids) for ids in sequences]
         length = self.fixed_length or max(lengths)
         if all(n == length for n in lengths):
-            ids = torch.from_numpy(np.asarray(sequences, dtype=np.int64))
-            return {"input_ids": ids, "labels": ids.clone()}
+            blocks = torch.from_numpy(np.asarray(sequences, dtype=np.int64))
+            return {"input_ids": blocks, "labels": blocks.clone()}
         ids = np.full((len(rows), length), self.pad_id, dtype=np.int64)
         labels = np.full((len(rows), length), IGNORE_INDEX, dtype=np.int64)
         mask = np.zeros((len(rows), length), dtype=np.int64)
