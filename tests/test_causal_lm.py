@@ -211,7 +211,7 @@ def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_p
 @pytest.mark.timeout(420)
 def test_streamed_on_two_processes_killed_and_resumed_ends_bitwise_equal(tmp_path, llama):
     """Two processes each read their half of the stream; rank 0 SIGKILLs itself half-way through the
-    second save; resumed, the run ends with the uninterrupted run's weights and logged losses. The
+    second save (step 6); resumed from step 3, the run ends with the uninterrupted run's weights and logged losses. The
     evaluation (its blocks do not fill the last global batch of 2 x 4: duplicates complete it) is the
     loss a plain loop computes on the exported model."""
     from app.distributed.checkpoint.store import FAULT_ENV
@@ -226,7 +226,7 @@ def test_streamed_on_two_processes_killed_and_resumed_ends_bitwise_equal(tmp_pat
             "hardware=multi_cpu", "hardware.num_processes=2", "task.cache_dir=cache", *QUIET)
     reference, run = tmp_path / "reference", tmp_path / "run"
     run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True)
-    proc = run_app(*args, f"hydra.run.dir={run}", cwd=tmp_path, env={FAULT_ENV: "files:2"})
+    proc = run_app(*args, f"hydra.run.dir={run}", cwd=tmp_path, env={FAULT_ENV: "files:1"})
     assert proc.returncode != 0
     run_app(f"resume={run}", cwd=tmp_path, check=True)
     weights = "model/model.safetensors"
