@@ -147,9 +147,9 @@ class SummedMetrics(Protocol):
     alone vocabulary-sized logits, is gathered, and ``compute_metrics`` is not called. Used by
     ``app/engine/loop.py``'s ``evaluate_sums``.
 
-    Optional beside it, read by the engine's throughput log when present: ``tokens_in_batch(batch)``,
-    the batch's trained tokens as a 0-d tensor on the batch's device, and ``flops_per_token()``, the
-    model's training FLOPs per token."""
+    Optional for any task, read by the training log when present: ``tokens_in_batch(batch)``, a
+    training batch's tokens as a 0-d integer tensor on the batch's device (summed there as batches are
+    drawn, read at log steps: ``train/tokens_per_s``)."""
 
     def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per-sample quantities to sum, by name, for a batch already on the device: each a 1-d tensor
