@@ -181,7 +181,8 @@ def test_a_streamed_run_resumed_mid_stream_ends_with_the_uninterrupted_weights(t
 # -- as a user runs it ----------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_path, llama):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
