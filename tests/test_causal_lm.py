@@ -102,6 +102,38 @@ def test_single_documents_are_padded_and_the_loss_skips_the_padding(llama, token
     assert LMCollator(pad_id=0, fixed_length=32)([{"input_ids": ids} for ids in docs])["input_ids"].shape == (2, 32)
 
 
+def test_text_jsonl_parquet_and_a_load_dataset_folder_give_the_same_blocks(tmp_path, llama, tokenizer):
+    """The same documents as a text file, JSON Lines, parquet and a folder for datasets.load_dataset
+    (task.dataset): the same packed training blocks; the validation split is what evaluates."""
+    import datasets
+
+    from app.tasks.causal_lm.config import CausalLMConfig, LMDataFiles
+    from app.tasks.causal_lm.task import CausalLMTask
+    from tests.tiny_bert import FakeRuntime
+
+    train, validation = documents(120, seed=7), documents(20, seed=8)
+    folder = tmp_path / "hub_like"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", train)
+    write_jsonl(folder / "validation.jsonl", validation)
+    for split, docs in (("train", train), ("validation", validation)):
+        datasets.Dataset.from_dict({"body": docs}).to_parquet(str(tmp_path / f"{split}.parquet"))
+    sources = {"text": {"data_files": LMDataFiles(str(write_text(tmp_path / "train.txt", train)),
+                                                  str(write_text(tmp_path / "validation.txt", validation)))},
+               "jsonl": {"data_files": LMDataFiles(str(folder / "train.jsonl"), str(folder / "validation.jsonl"))},
+               "parquet": {"data_files": LMDataFiles(str(tmp_path / "train.parquet"), str(tmp_path / "validation.parquet")),
+                           "text_field": "body"},
+               "load_dataset": {"dataset": str(folder)}}
+    blocks = {}
+    for name, source in sources.items():
+        cfg = CausalLMConfig(config=str(llama), block_size=16, cache_dir=str(tmp_path / "cache" / name), **source)
+        data = CausalLMTask(cfg).build_data(FakeRuntime())
+        blocks[name] = (data.train["input_ids"], data.eval["input_ids"])
+    expected = [t for ids in encode_documents(tokenizer, train) for t in ids]
+    assert blocks["text"][0] == [expected[i:i + 16] for i in range(0, len(expected) // 16 * 16, 16)]
+    assert blocks["jsonl"] == blocks["text"] == blocks["load_dataset"] == blocks["parquet"]
+
+
 def stream(path: Path, tokenizer, packing: bool, begin: int = 0) -> LineStream:
     return LineStream(path, begin, LineReader(path, "text"), functools.partial(encode_documents, tokenizer), 16,
                       packing)
