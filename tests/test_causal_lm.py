@@ -6,7 +6,8 @@ padding, a stream's parts cover the file once and resume where they were saved, 
 resumed from a mid-stream checkpoint ends with the uninterrupted run's weights. As a user runs it
 (``python -m app``): perplexity falls, ``train/tokens_per_s`` is logged, the export loads with
 ``from_pretrained`` and generates; on 2 processes a streamed run SIGKILLed mid-run and resumed ends
-bitwise equal to the uninterrupted one, and its ``eval/loss`` is the one a plain loop computes.
+bitwise equal to the uninterrupted one (and refuses to resume on another number of processes), and
+its ``eval/loss`` is the one a plain loop computes.
 """
 
 from __future__ import annotations
@@ -265,6 +266,9 @@ def test_streamed_on_two_processes_killed_and_resumed_ends_bitwise_equal(tmp_pat
     weights = "model/model.safetensors"
     assert (run / weights).read_bytes() == (reference / weights).read_bytes()
     assert logged(run) == logged(reference)
+    # Each process's position is in its own part of the stream: another number of processes is refused.
+    proc = run_app(f"resume={run}", "hardware=cpu", "trainer.max_steps=12", cwd=tmp_path)
+    assert proc.returncode == 2 and "resumes on 2 process(es) only, not 1." in proc.stderr.strip().splitlines()[-1]
 
     final = eval_events(reference)[-1]
     loss, blocks = plain_eval_loss(reference / "model", validation, 16)
