@@ -416,6 +416,12 @@ class TaskConfig:
 
     name: str = MISSING
 
+    @property
+    def streams_training_data(self) -> bool:
+        """Whether the training split is read as a stream (``task=causal_lm task.streaming=true``): its
+        length is unknown until it ends, so the run needs ``trainer.max_steps`` and takes no sampler."""
+        return False
+
     def check(self) -> None:
         """A task's own rules (``task.dropout`` in [0, 1)...), beside its fields in its schema; the task
         also checks the config it is built with, so a config given directly is refused alike."""
@@ -473,6 +479,23 @@ class RunConfig:
         self.logging.check()
         self.adapter.check()
         self.task.check()
+        if self.task.streams_training_data:
+            self.check_streamed_training()
+
+    def check_streamed_training(self) -> None:
+        """What a training split read as a stream rules out: no length (the schedule's steps come from
+        trainer.max_steps), no sampler, no loader workers (the stream's position is the process's own)."""
+        t = self.trainer
+        if t.max_steps <= 0:
+            raise ConfigError("a streamed training split has no length until it ends, so the schedule needs "
+                              "trainer.max_steps=<optimizer steps> (trainer.max_epochs still stops a run that "
+                              "reaches it first).")
+        refused = {"trainer.group_by_length=true": t.group_by_length, "trainer.overfit_batches": t.overfit_batches,
+                   "trainer.num_workers": t.num_workers}
+        for name, value in refused.items():
+            if value:
+                raise ConfigError(f"{name} needs a training split with a length and random access; a streamed one "
+                                  "is read in order by each process itself (leave it at its default).")
 
     @property
     def predicts_test(self) -> bool:

@@ -363,3 +363,35 @@ def test_static_shapes_pad_every_last_batch_and_gather_for_metrics_drops_the_pad
     assert torch.equal(torch.cat(gathered), torch.arange(408))
     train_loader = acc.prepare(DataLoader(data, batch_size=32, shuffle=True))
     assert {len(batch) for (batch,) in train_loader} == {32} and len(train_loader) == 13
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_packed_causal_lm_compiles_nothing_new_after_its_first_epochs(tmp_path):
+    """task=causal_lm with packing has one block shape: after warm-up, epochs 3 and 4 (training,
+    token counting, summed evaluation) compile no graph that epochs 1 and 2 did not."""
+    from app.distributed.random import set_seed
+    from app.engine.build import build_accelerator, build_components, build_early_stopping
+    from app.engine.loop import LoopState, fit
+    from tests.tiny_llama import documents, make_tiny_llama, write_text
+
+    llama = make_tiny_llama(tmp_path / "llama", hidden=16, layers=1, heads=2, kv_heads=1)
+    write_text(tmp_path / "train.txt", documents(16, seed=0))
+    write_text(tmp_path / "validation.txt", documents(6, seed=1))
+    cfg = compose_config("hardware=tpu", "task=causal_lm", f"task.config={llama}",
+                         f"task.data_files.train={tmp_path / 'train.txt'}",
+                         f"task.data_files.validation={tmp_path / 'validation.txt'}", "task.block_size=16",
+                         f"task.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=4", "trainer.max_epochs=4",
+                         "trainer.log_every_n_steps=3", "optim.lr=1e-2", *QUIET)
+    set_seed(cfg.seed)
+    acc = build_accelerator(cfg, tmp_path)
+    components = build_components(cfg, acc)
+    steps = len(components.train_loader)
+    cfg.trainer.eval_every_n_steps = steps  # a record at every epoch's end
+    recorder = Recorder()
+    fit(components, cfg, LoopState(), build_early_stopping(cfg), recorder)
+    graphs = {step // steps: g for step, (g, _, _) in recorder.at.items()}
+    assert sorted(graphs) == [1, 2, 3, 4] and graphs[4] == graphs[2], graphs
+    losses = [m["eval/loss"] for _, _, m in recorder.at.values()]
+    assert losses[-1] < losses[0]

@@ -51,6 +51,7 @@ from app.distributed.configuration import (
 from app.distributed.connector import connect
 from app.distributed.data import DataLoaderShard, GradientState, shard_dataloader
 from app.distributed.data import skip_first_batches as _skip_first_batches
+from app.distributed.data_stream import ShardedStream, StreamLoaderShard
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
 from app.distributed.hardware.peak_flops import compute_type, peak_flops
@@ -305,16 +306,22 @@ class Accelerator(ProcessControl):
 
     def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None) -> Any:
         config = self.dataloader_config
-        place = device_placement if device_placement is not None else self.device_placement
-        device = self.device if place else torch.device("cpu")
+        placed = device_placement if device_placement is not None else self.device_placement
+        device = self.device if placed else torch.device("cpu")
         iterable = isinstance(data_loader.dataset, IterableDataset)
-        if iterable or config.dispatch_batches:
+        place = (functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
+                 if device.type != "cpu" else None)
+        if iterable and isinstance(data_loader.dataset, ShardedStream):
+            # Each process reads its own part and checkpoints its own position (app/distributed/data_stream.py).
+            shard: Any = StreamLoaderShard(data_loader, backend=self.backend, device=device,
+                                           state=self.gradient_state, place=place)
+        elif iterable or config.dispatch_batches:
             from app.distributed.data_iterable import IterableDataLoaderShard
 
             dispatch = config.dispatch_batches if config.dispatch_batches is not None else True
-            shard: Any = IterableDataLoaderShard(data_loader, backend=self.backend, device=device,
-                                                 state=self.gradient_state, split_batches=config.split_batches,
-                                                 even_batches=config.even_batches, dispatch=dispatch)
+            shard = IterableDataLoaderShard(data_loader, backend=self.backend, device=device,
+                                            state=self.gradient_state, split_batches=config.split_batches,
+                                            even_batches=config.even_batches, dispatch=dispatch)
         else:
             shard = shard_dataloader(
                 data_loader,
@@ -328,8 +335,7 @@ class Accelerator(ProcessControl):
                 agreed_seed=self.data_seed,
                 synchronize=self._synchronize_generator if "generator" in self.rng_types else None,
                 fixed_shapes=self.static_shapes,
-                place=(functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
-                       if device.type != "cpu" else None),
+                place=place,
                 prefetch=self.backend.prefetch_depth,
             )
         self._dataloaders.append(shard)
@@ -340,7 +346,9 @@ class Accelerator(ProcessControl):
 
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:
         """Resume inside an epoch: the next iteration starts ``num_batches`` batches in, without
-        loading the skipped samples."""
+        loading the skipped samples (a stream continues from the position its checkpoint restored)."""
+        if isinstance(dataloader, StreamLoaderShard):
+            return dataloader.skip_first_batches(num_batches)  # type: ignore[return-value]
         return _skip_first_batches(dataloader, num_batches)
 
     # -- training step --------------------------------------------------------------------------------
@@ -515,6 +523,27 @@ class Accelerator(ProcessControl):
             return gathered[:remainder] if at_end and t.dim() > 0 else gathered
 
         return recursively_apply(gather_trimmed, input_data)
+
+    def local_for_metrics(self, input_data: Any) -> Any:
+        """This process's share of what :meth:`gather_for_metrics` returns: its per-sample rows without
+        the duplicates that complete a prepared loader's last global batch, for metrics that each
+        process sums and :meth:`reduce` then adds up (a language model's token losses: no per-sample
+        gather). Outside a last batch, and for 0-d tensors, the data is returned as it is.
+
+        >>> totals += accelerator.local_for_metrics(per_sample_losses).sum()
+        >>> totals = accelerator.reduce(totals)
+        """
+        state = self.gradient_state
+        if not (state.end_of_dataloader and state.remainder > 0):
+            return input_data
+        # Process r's rows are the global step's samples r*b to (r+1)*b - 1 (b: a process's batch size).
+        first = self.process_index * state.active_dataloader.batch_size
+        keep = max(0, state.remainder - first)
+
+        def trim(t: torch.Tensor) -> torch.Tensor:
+            return t[:keep] if t.dim() > 0 else t
+
+        return recursively_apply(trim, input_data)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """Reduce tensors across processes with ``sum``, ``mean``, ``max`` or ``min``."""

@@ -10,15 +10,16 @@ from typing import Any
 import torch
 from hydra.utils import instantiate
 from torch import nn
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from app.config import ConfigError, RunConfig
 from app.config_tree import as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
+from app.distributed.data_stream import ShardedStream
 from app.distributed.hardware import build_backend
 from app.engine.activation_checkpointing import enable_gradient_checkpointing
 from app.engine.adapters import attach_adapter
-from app.engine.loop import Components, total_optimizer_steps
+from app.engine.loop import Components, batches_per_pass, total_optimizer_steps
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.threads import choose_threads, use_threads
 from app.engine.triggers import EarlyStopping
@@ -51,7 +52,9 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     check_monitor(cfg, task)
     data = debug_subsets(cfg, task.build_data(accelerator))
     check_monitor(cfg, task)  # again: a task may learn its metrics from its data (text_classification's problem)
-    check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
+    streamed = check_streamed(task, data)
+    if not streamed:
+        check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
     # Before any work on the model: a small one trains fastest on one thread (app/engine/threads.py).
     threads = choose_threads(cfg.hardware.num_threads, sum(p.numel() for p in model.parameters()))
@@ -63,7 +66,8 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
         log.info("gradient checkpointing: %s", enable_gradient_checkpointing(model, task))
     model = attach_adapter(model, cfg.adapter, task, saved=saved_adapter)  # adapter=none: the model itself
     train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
-                              num_workers=cfg.trainer.num_workers, **train_sampling(cfg, task, data))
+                              num_workers=cfg.trainer.num_workers,
+                              **({} if streamed else train_sampling(cfg, task, data)))
     eval_loader, *extra_loaders = (
         DataLoader(dataset, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size, shuffle=False,
                    collate_fn=data.collate_fn, num_workers=cfg.trainer.num_workers)
@@ -78,7 +82,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     optimizer = accelerator.prepare(optimizer)
     train_loader, eval_loader, *extra_loaders = accelerator.prepare(train_loader, eval_loader, *extra_loaders)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
-                            total_steps=total_optimizer_steps(cfg, len(train_loader)))
+                            total_steps=total_optimizer_steps(cfg, batches_per_pass(train_loader)))
     scheduler = accelerator.prepare(scheduler)
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
@@ -92,6 +96,18 @@ def check_monitor(cfg: RunConfig, task: Task) -> None:
     if names[:-1] and cfg.early_stopping.monitor not in names:
         raise ConfigError(f"early_stopping.monitor={cfg.early_stopping.monitor} is not a metric the task "
                           f"{task.name} reports; choose one of {', '.join(names[:-1])}.")
+
+
+def check_streamed(task: Task, data: TaskData) -> bool:
+    """Whether the training split is a stream; one the runtime cannot resume exactly is refused (the
+    config's rules for streams, ``RunConfig.check_streamed_training``, have passed already)."""
+    if not isinstance(data.train, IterableDataset):
+        return False
+    if not isinstance(data.train, ShardedStream):
+        raise ConfigError(f"the task {task.name} gives an IterableDataset for training that does not shard and "
+                          "checkpoint itself (app.distributed.data_stream.ShardedStream); the engine trains on such "
+                          "streams only, so that a resumed run continues exactly.")
+    return True
 
 
 def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None:

@@ -30,7 +30,7 @@ from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
-from app.tasks.base import Task
+from app.tasks.base import SummedMetrics, Task
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +128,20 @@ def steps_per_epoch(num_batches: int, accumulation: int) -> int:
     return math.ceil(num_batches / accumulation)
 
 
-def total_optimizer_steps(cfg: RunConfig, num_batches: int) -> int:
-    per_epoch = steps_per_epoch(num_batches, cfg.trainer.gradient_accumulation_steps)
-    by_epochs = per_epoch * cfg.trainer.max_epochs if cfg.trainer.max_epochs > 0 else None
+def batches_per_pass(loader: Any) -> int | None:
+    """A prepared loader's batches per epoch; None for a stream, whose pass ends when its data does."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def total_optimizer_steps(cfg: RunConfig, num_batches: int | None) -> int:
+    """The run's optimizer steps: max_steps, or max_epochs' worth of batches if fewer (``num_batches``
+    None: a stream's, unknown: max_steps, which the config then requires)."""
+    by_epochs = None
+    if cfg.trainer.max_epochs > 0 and num_batches is not None:
+        by_epochs = steps_per_epoch(num_batches, cfg.trainer.gradient_accumulation_steps) * cfg.trainer.max_epochs
     by_steps = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
     return min(s for s in (by_epochs, by_steps) if s is not None)
 
@@ -155,6 +166,8 @@ def evaluate(c: Components) -> dict[str, float]:
 
 def evaluate_set(c: Components, loader: Any, suffix: str) -> dict[str, float]:
     """One evaluation set's metrics (keys without prefix) on the main process; {} on the others."""
+    if isinstance(c.task, SummedMetrics):
+        return evaluate_sums(c, c.task, loader, suffix)
     acc = c.accelerator
     keep = acc.is_main_process
     logits, labels = [], []
@@ -173,6 +186,26 @@ def evaluate_set(c: Components, loader: Any, suffix: str) -> dict[str, float]:
         return {}
     metrics = c.task.compute_metrics(torch.cat(logits), torch.cat(labels))
     return {**metrics, "num_samples": gathered_samples}
+
+
+def evaluate_sums(c: Components, task: SummedMetrics, loader: Any, suffix: str) -> dict[str, float]:
+    """An evaluation set's metrics from the sums of the task's per-sample quantities: summed on each
+    process's device (the duplicates completing the last global batch left out), then reduced across
+    processes once; no per-sample output is gathered. The same metrics on every process."""
+    acc = c.accelerator
+    sums: dict[str, torch.Tensor] = {}
+    samples = 0
+    for batch in with_progress(loader, c.show_progress, desc="eval" + suffix.replace("_", " ")):
+        rows = acc.local_for_metrics(task.evaluation_sums(c.model, batch))
+        samples += len(next(iter(rows.values())))
+        for key, values in rows.items():
+            sums[key] = sums[key] + values.sum() if key in sums else values.sum()
+    totals = acc.reduce({**sums, "num_samples": torch.tensor(samples, device=acc.device)}, reduction="sum")
+    reduced = {key: value.item() for key, value in totals.items()}  # one host read per sum, per evaluation
+    counted, expected = int(reduced.pop("num_samples")), loader.total_dataset_length
+    if counted != expected:
+        raise RuntimeError(f"evaluation summed {counted} samples for {expected}.")
+    return {**task.metrics_from_sums(reduced), "num_samples": counted}
 
 
 class StopReason(enum.Enum):
@@ -203,7 +236,7 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     ``state.stop_signal`` says which signal."""
     acc = c.accelerator
     checkpoints = checkpoints or NoCheckpoints()
-    total_steps = total_optimizer_steps(cfg, len(c.train_loader))
+    total_steps = total_optimizer_steps(cfg, batches_per_pass(c.train_loader))
     progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
     try:
         train(Training(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps))
@@ -275,7 +308,8 @@ class Training:
             peak = cfg.hardware.peak_tflops * 1e12 if cfg.hardware.peak_tflops is not None else acc.peak_flops()
             c.throughput = Throughput(acc, c.task, c.model, c.train_loader.batch_size * acc.num_processes, peak)
         self.throughput = c.throughput
-        self.batches_per_epoch = len(c.train_loader)
+        self.batches_per_epoch = batches_per_pass(c.train_loader)
+        """None for a stream: its loader says when its pass is over (``pass_finished``)."""
         self.stop: StopReason | None = None
         """The decision, once taken (``state.stop_reason`` holds its sentence)."""
         # A signal may reach one process only: on several, they agree after every step, one step late (an
@@ -349,7 +383,7 @@ class Training:
         training stops, evaluated (with evaluations per epoch) and offered to the checkpoint policy;
         then the budget."""
         state = self.state
-        if state.batches_in_epoch >= self.batches_per_epoch:
+        if self.epoch_consumed():
             state.epoch += 1
             state.batches_in_epoch = 0
             if self.stop is None:
@@ -358,6 +392,12 @@ class Training:
                 if metrics is not None and self.acc.check_trigger():
                     self.stop_unless_decided(StopReason.another_process)
         self.check_budget()
+
+    def epoch_consumed(self) -> bool:
+        """Whether the epoch's last batch has been trained on (a stop inside it leaves it unfinished)."""
+        if self.batches_per_epoch is None:
+            return bool(self.c.train_loader.pass_finished)
+        return self.state.batches_in_epoch >= self.batches_per_epoch
 
     def check_budget(self) -> None:
         """Stop when trainer.max_steps, else trainer.max_epochs, is used up (max_epochs <= 0 leaves

@@ -6,6 +6,8 @@
 - ``text/``: ``task=text_classification``, a Transformers encoder on any dataset of one or two text
   columns (classes, several classes, or a number); the nine GLUE tasks are its presets
   (``text/glue.py``, ``conf/task/glue_<name>.yaml``). ``mean_pooling``: the mean-pooling classifier head.
+- ``causal_lm/``: ``task=causal_lm``, a Transformers causal language model on text, packed into blocks,
+  map-style or streamed (``task.streaming``) with exact resume.
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.config import TaskConfig
+from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits_config import DigitsConfig
 from app.tasks.external import external_task_class
 from app.tasks.text.config import TextClassificationConfig
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
 TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "digits": DigitsConfig,
     "text_classification": TextClassificationConfig,
+    "causal_lm": CausalLMConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -40,10 +44,14 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.text.task import TextClassificationTask
 
         return TextClassificationTask(cfg)
+    if isinstance(cfg, CausalLMConfig):
+        from app.tasks.causal_lm.task import CausalLMTask
+
+        return CausalLMTask(cfg)
     task_class = external_task_class(cfg)
     if task_class is not None:
         return task_class(cfg)
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "DigitsConfig", "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DigitsConfig", "TextClassificationConfig", "build_task"]

@@ -9,16 +9,19 @@ What a task may ask of the runtime while it builds its data is :class:`TaskRunti
 Accelerator satisfies it). Optional abilities are their own protocols, which the engine checks for
 where it uses them: :class:`PredictsTest` (predictions on an unlabeled test split),
 :class:`CountsTokens` (``tokens_in_batch``: the training log's ``train/tokens_per_s``),
-:class:`KnowsFlops` (``flops_per_token``: its ``train/mfu``), :class:`CheckpointsBlocks`
-(``trainer.gradient_checkpointing`` for a model that is not a Transformers one),
-:class:`DeclaresAdapterTaskType` (peft's task type, where the model's class does not say it) and
-:class:`DescribesItself` (what the model card says of the model and the data). Sample lengths
-for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the task gives none);
-further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+:class:`KnowsFlops` (``flops_per_token``: its ``train/mfu``), :class:`SummedMetrics` (metrics from
+per-process sums reduced across processes, instead of gathered per-sample outputs: a language model's
+loss and perplexity), :class:`CheckpointsBlocks` (``trainer.gradient_checkpointing`` for a model that
+is not a Transformers one), :class:`DeclaresAdapterTaskType` (peft's task type, where the model's
+class does not say it) and :class:`DescribesItself` (what the model card says of the model and the
+data). Sample lengths for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the
+task gives none); further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
+A training split may be a stream (``app.distributed.data_stream.ShardedStream``: each process reads its
+own part and checkpoints its own position); the config must then say so
+(``TaskConfig.streams_training_data``).
 
 Nothing here is specific to classification: ``StepOutput.logits`` and ``labels`` are whatever
-``compute_metrics`` needs per sample (a language model may return per-sample loss sums and token
-counts), gathered across processes with the padding duplicates removed.
+``compute_metrics`` needs per sample, gathered across processes with the padding duplicates removed.
 """
 
 from __future__ import annotations
@@ -48,13 +51,17 @@ class TaskData:
     ``eval/accuracy_mm``). Their names belong in ``metric_names`` too."""
 
 
+NO_OUTPUTS = torch.empty(0)
+"""StepOutput's logits and labels when the engine reads none (a :class:`SummedMetrics` task)."""
+
+
 @dataclass
 class StepOutput:
     loss: torch.Tensor
     """Mean loss over the batch (a 0-d tensor): what training back-propagates."""
-    logits: torch.Tensor
+    logits: torch.Tensor = NO_OUTPUTS
     """One row per sample: the model's outputs that ``compute_metrics`` reads (any trailing shape)."""
-    labels: torch.Tensor
+    labels: torch.Tensor = NO_OUTPUTS
     """One entry (or row) per sample: the targets that ``compute_metrics`` reads."""
 
 
@@ -187,4 +194,25 @@ class DescribesItself(Protocol):
     def card_facts(self) -> dict[str, str]:
         """Short markdown values by heading, in order: ``base model`` (a hub name or folder, or how the
         model is built), ``data`` (files, folder or hub name), ``labels``…"""
+        ...
+
+
+@runtime_checkable
+class SummedMetrics(Protocol):
+    """A task whose evaluation metrics are functions of sums over the evaluation samples (a language
+    model's: summed token losses over token counts). Each process sums its own samples on its
+    device and the sums are reduced across processes once per evaluation: nothing per sample, let
+    alone vocabulary-sized logits, is gathered, and ``compute_metrics`` is not called. Used by
+    ``app/engine/loop.py``'s ``evaluate_sums``."""
+
+    def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per-sample quantities to sum, by name, for a batch already on the device: each a 1-d tensor
+        with one entry per sample (the engine drops the duplicates that complete the last global batch,
+        sums each over the evaluation set and reduces it across processes). ``num_samples`` is the
+        engine's own key."""
+        ...
+
+    def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        """The evaluation set's metrics (keys without prefix, those of ``metric_names``) from the sums
+        over all its samples; every process calls it with the same sums."""
         ...

@@ -8,7 +8,9 @@ first; see ``store`` for the folder's life-cycle and ``format`` for the files):
 - ``model.safetensors``: the full weights (the backend's ``checkpoint_io`` may write shards instead);
 - ``optimizer.safetensors``: optimizer tensors, with the rest of its state as JSON in the header;
 - ``scheduler.json``, ``scaler.json`` (fp16 only), ``dataloader.json`` (epoch, seed, samples
-  consumed in the epoch), ``custom_checkpoint_<i>.json|.safetensors`` (``register_for_checkpointing``);
+  consumed in the epoch; a loader whose position is each process's own, a stream's, writes
+  ``dataloader_process_<rank>.json`` on every rank instead, and resumes only on as many processes),
+  ``custom_checkpoint_<i>.json|.safetensors`` (``register_for_checkpointing``);
 - ``rng_state_<rank>.safetensors``: python, numpy, torch (and the device's) RNG states of every rank
   (``rng``);
 - ``accelerator_state.json``: the Accelerator's counters; and ``manifest.json``, written last.
@@ -81,6 +83,15 @@ class TrainingObjects:
 
 def _name(kind: str, index: int) -> str:
     return kind if index == 0 else f"{kind}_{index}"
+
+
+def _per_process(loader: Any) -> bool:
+    """A loader whose position differs between processes (``StreamLoaderShard``): each rank saves its own."""
+    return bool(getattr(loader, "per_process_state", False))
+
+
+def _loader_file(index: int, rank: int) -> str:
+    return f"{_name('dataloader', index)}_process_{rank}"
 
 
 # -- save ------------------------------------------------------------------------------------------
@@ -194,13 +205,18 @@ def _stage(backend: Backend, objects: TrainingObjects, temporary: Path, staging:
         pending += io.save_optimizer(_owner(objects, optimizer), optimizer.optimizer, temporary,
                                      _name("optimizer", i), staging)
     pending.append(stage_state(temporary, f"rng_state_{backend.process_index}", capture_rng(backend), staging))
+    for i, loader in enumerate(objects.dataloaders):
+        if _per_process(loader):
+            pending.append(stage_state(temporary, _loader_file(i, backend.process_index), loader.state_dict(),
+                                       staging))
     if main:
         for i, scheduler in enumerate(objects.schedulers):
             pending.append(stage_state(temporary, _name("scheduler", i), scheduler.state_dict(), staging))
         if precision_state := objects.precision.state_dict():
             pending.append(stage_state(temporary, "scaler", precision_state, staging))
         for i, loader in enumerate(objects.dataloaders):
-            pending.append(stage_state(temporary, _name("dataloader", i), loader.state_dict(), staging))
+            if not _per_process(loader):
+                pending.append(stage_state(temporary, _name("dataloader", i), loader.state_dict(), staging))
         for i, obj in enumerate(objects.custom_objects):
             pending.append(stage_state(temporary, f"custom_checkpoint_{i}", obj.state_dict(), staging))
         counters = objects.counters
@@ -339,6 +355,11 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
         log.warning("ignoring %s in %s: the manifest does not list them (only listed files are loaded)",
                     ", ".join(unlisted), folder)
 
+    if any(_per_process(loader) for loader in objects.dataloaders) and manifest.world_size != backend.num_processes:
+        raise CheckpointError(
+            f"{folder} was saved by {manifest.world_size} process(es), each at its own position in its part of "
+            f"the streamed training data, so it resumes on {manifest.world_size} process(es) only, not "
+            f"{backend.num_processes}.")
     io = backend.checkpoint_io
     for i, model in enumerate(objects.models):
         io.load_model(model, folder, _name("model", i))
@@ -349,7 +370,8 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
     if state_file(folder, "scaler") is not None:
         objects.precision.load_state_dict(read_state(folder, "scaler"))
     for i, loader in enumerate(objects.dataloaders):
-        load_into(loader, folder, _name("dataloader", i))
+        load_into(loader, folder, _loader_file(i, backend.process_index) if _per_process(loader)
+                  else _name("dataloader", i))
     for i, obj in enumerate(objects.custom_objects):
         load_into(obj, folder, f"custom_checkpoint_{i}")
     saved = read_state(folder, "accelerator_state")

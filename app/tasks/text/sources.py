@@ -14,6 +14,7 @@ the tokenization cache) and what messages call them (a file's path).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -62,17 +63,24 @@ def load_splits(cfg: TextClassificationConfig, spec: GlueSpec | None, eval_split
 
 def check_local_paths(cfg: TextClassificationConfig) -> None:
     """Missing local files and folders, refused on every process alike before any of them waits for another."""
-    for split in ("train", "validation", "test"):
-        path = getattr(cfg.data_files, split)
-        if path is not None and not Path(path).expanduser().exists():
-            raise ConfigError(f"task.data_files.{split}={path} does not exist.")
+    check_data_files(cfg.data_files)
     if cfg.data_files.train is None and cfg.data_dir is not None:
         local_root(cfg.data_dir)
 
 
-def read_file(path_text: str, split: str, raw_cache: Path) -> Split:
-    """One split (``task.data_files.<split>``) from a local file (its suffix says the format) or a
-    ``save_to_disk`` folder (a DatasetDict's split of that name)."""
+def check_data_files(data_files: object) -> None:
+    """Each split's file of a ``task.data_files`` dataclass must exist (one sentence naming the first missing)."""
+    for split in dataclasses.fields(data_files):  # type: ignore[arg-type]
+        path = getattr(data_files, split.name)
+        if path is not None and not Path(path).expanduser().exists():
+            raise ConfigError(f"task.data_files.{split.name}={path} does not exist.")
+
+
+def read_file(path_text: str, split: str, raw_cache: Path,
+              formats: dict[str, tuple[str, dict[str, str]]] = FILE_FORMATS) -> Split:
+    """One split (``task.data_files.<split>``) from a local file (its suffix says the format, by
+    ``formats``: a task may read more kinds, causal_lm plain text) or a ``save_to_disk`` folder (a
+    DatasetDict's split of that name)."""
     import datasets
 
     path = Path(path_text).expanduser()
@@ -82,10 +90,11 @@ def read_file(path_text: str, split: str, raw_cache: Path) -> Split:
     if path.is_dir():
         return Split(_saved_split(path, split, where), files_fingerprint(p for p in path.rglob("*") if p.is_file()),
                      str(path))
-    builder = FILE_FORMATS.get(path.suffix.lower())
+    builder = formats.get(path.suffix.lower())
     if builder is None:
-        raise ConfigError(f"{where} is not a file the task reads: give a .csv, .tsv, .json, .jsonl, .parquet or "
-                          ".arrow file, or a save_to_disk folder.")
+        *others, last = formats
+        raise ConfigError(f"{where} is not a file the task reads: give a {', '.join(others)} or {last} file, or a "
+                          "save_to_disk folder.")
     name, options = builder
     try:
         data = datasets.load_dataset(name, data_files={"train": [str(path)]}, split="train",

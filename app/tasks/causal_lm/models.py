@@ -1,0 +1,82 @@
+"""The causal language model: pretrained (``task.model``) or randomly initialised from a configuration
+(``task.config``: a folder with ``config.json``, a hub name, or a model type), with the checks that
+name what is wrong; and its training FLOPs per token, for the throughput log's MFU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from app.config import ConfigError
+from app.tasks.causal_lm.config import CausalLMConfig
+from app.tasks.text.hub import hub_access
+from app.tasks.text.models import check_config_json
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+
+def model_source(cfg: CausalLMConfig) -> str:
+    """The folder or name the model (and by default its tokenizer) comes from."""
+    source = cfg.model if cfg.model is not None else cfg.config
+    assert source is not None  # the schema's check: one of the two is given
+    return source
+
+
+def build_config(cfg: CausalLMConfig) -> PretrainedConfig:
+    """The model's configuration, ``task.config_overrides`` applied."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    source = model_source(cfg)
+    overrides = dict(cfg.config_overrides)
+    if cfg.model is None and not Path(source).expanduser().exists() and source in CONFIG_MAPPING:
+        return AutoConfig.for_model(source, **overrides)  # a model type with its defaults
+    check_config_json(source)
+    try:
+        with hub_access(source):
+            config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        key = "task.model" if cfg.model is not None else "task.config"
+        raise ConfigError(f"Could not load a model configuration from {key}={source!r}, which is neither a local folder "
+                          "with config.json, a model type (llama, gpt2...) nor reachable on the hub.") from err
+    for name, value in overrides.items():
+        if not hasattr(config, name):
+            raise ConfigError(f"task.config_overrides has {name!r}, which the {config.model_type} configuration does "
+                              "not have.")
+        setattr(config, name, value)
+    return config
+
+
+def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
+    """``AutoModelForCausalLM``: the pretrained weights, or a new model drawn from torch's random
+    stream (the run's seed); in float32 (precision is the runtime's: autocast)."""
+    from transformers import AutoModelForCausalLM
+
+    config = build_config(cfg)
+    if len(tokenizer) > config.vocab_size:
+        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens and the model's vocabulary only "
+                          f"{config.vocab_size}; give the model's own tokenizer (task.tokenizer) or a larger "
+                          "vocab_size (task.config_overrides).")
+    if cfg.model is None:
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    try:
+        with hub_access(cfg.model):
+            return AutoModelForCausalLM.from_pretrained(cfg.model, config=config, dtype=torch.float32)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"Could not load the model {cfg.model!r}, which is neither a local folder with config.json "
+                          "and weights nor reachable on the hub; set task.model to a local model folder.") from err
+
+
+def flops_per_token(model: nn.Module, sequence_length: int) -> float:
+    """Training FLOPs per token (forward and backward), torchtitan's estimate: 6 per parameter outside
+    the embeddings plus the attention's 12 * layers * heads * head dim * sequence length."""
+    config: Any = model.config
+    embeddings = model.get_input_embeddings()  # type: ignore[operator]
+    parameters = sum(p.numel() for p in model.parameters()) - embeddings.weight.numel()
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return float(6 * parameters + 12 * config.num_hidden_layers * heads * head_dim * sequence_length)
