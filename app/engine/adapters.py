@@ -3,7 +3,7 @@
 peft wraps the model (``get_peft_model``): the model's own weights are frozen, each targeted module
 gets a pair of low-rank matrices, and a classification head (what peft's ``SEQ_CLS`` task type keeps
 trainable: a module named ``classifier`` or ``score``) trains whole. The engine then sees an ordinary
-module: the Accelerator prepares it (DDP, FSDP2, XLA), autocast covers it, and checkpoints hold its
+module: the Accelerator prepares it (DDP, FSDP2, SPMD), autocast covers it, and checkpoints hold its
 whole state (the frozen weights, the adapters, the head) and its optimizer's (the trainable
 parameters only), so a resumed run continues bit for bit.
 

@@ -59,12 +59,15 @@ def model_card(cfg: RunConfig, c: Components, run_dir: Path, export: dict[str, A
     about.append(("parameters", f"{total:,}, of which {trained:,} trained ({share(trained, total)})"))
     lines += ["## Model", "", *table(("", ""), about), ""]
 
-    sizes = [("train", c.train_loader.total_dataset_length), ("evaluation", c.eval_loader.total_dataset_length)]
-    sizes += [(f"evaluation `{name}`", loader.total_dataset_length) for name, loader in c.extra_eval_loaders.items()]
+    # A streamed split has no length: it is read as it comes (task.streaming).
+    sizes = [("train", getattr(c.train_loader, "total_dataset_length", None)),
+             ("evaluation", getattr(c.eval_loader, "total_dataset_length", None))]
+    sizes += [(f"evaluation `{name}`", getattr(loader, "total_dataset_length", None))
+              for name, loader in c.extra_eval_loaders.items()]
     lines += ["## Data", ""]
     if "data" in facts:
         lines += [facts["data"], ""]
-    lines += [*table(("split", "samples"), [(name, f"{n:,}") for name, n in sizes]), ""]
+    lines += [*table(("split", "samples"), [(name, "streamed" if n is None else f"{n:,}") for name, n in sizes]), ""]
 
     lines += ["## Evaluation", ""]
     if evaluation:
