@@ -272,6 +272,20 @@ def m_save_state(tmp_path: Path) -> None:
     refused("save_state writes safetensors and JSON only", lambda: acc.save_state(safe_serialization=False))
 
 
+def m_save_state_async_save_and_on_complete(tmp_path: Path) -> None:
+    acc = Accelerator(cpu=True, project_dir=tmp_path)
+    net = acc.prepare(model())
+    at_save = net.weight.detach().clone()
+    completed: list[Path] = []
+    folder = acc.save_state(async_save=True, on_complete=completed.append)
+    with torch.no_grad():  # training goes on while the write is in flight: the checkpoint keeps the state of the call
+        net.weight.add_(1.0)
+    acc.wait_for_checkpoint()
+    assert completed == [folder] and (folder / "manifest.json").exists()
+    acc.load_state(folder)
+    assert torch.equal(net.weight, at_save)
+
+
 def m_save_safe_serialization(tmp_path: Path) -> None:
     acc = Accelerator(cpu=True)
     acc.save({"w": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
@@ -420,6 +434,8 @@ CASES: dict[str, Callable[[Path], None]] = {
     "save_state.output_dir": m_save_state,
     "save_state.safe_serialization": m_save_state,
     "save_state.metadata": m_save_state,
+    "save_state.async_save": m_save_state_async_save_and_on_complete,
+    "save_state.on_complete": m_save_state_async_save_and_on_complete,
     "save.safe_serialization": m_save_safe_serialization,
     "save_model.max_shard_size": m_save_model_and_model_shards,
     "save_model.safe_serialization": m_save_model_and_model_shards,
