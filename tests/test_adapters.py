@@ -131,7 +131,10 @@ def test_lora_resumes_bitwise_and_mode_eval_reads_its_exports_and_checkpoints(mr
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = (*mrpc_args(mrpc, tmp_path), *QUIET, "trainer.max_steps=6", "trainer.eval_every_n_steps=3",
             "checkpoint.every_n_steps=3", "checkpoint.every_epoch=false", "checkpoint.total_limit=null",
-            "trainer.log_every_n_steps=2")
+            "trainer.log_every_n_steps=2",
+            # The final weights exported: the evaluations at steps 3 and 6 may tie, and the first of a tie
+            # is the best, whose checkpoint the resumed run's folder does not hold.
+            "checkpoint.export=last")
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     run(compose_config(*args), reference)
     checkpoints = {m.step: path for path, m in complete_checkpoints(reference / "checkpoints")}
@@ -144,8 +147,8 @@ def test_lora_resumes_bitwise_and_mode_eval_reads_its_exports_and_checkpoints(mr
 
     assert files(resumed) == files(reference) and len(files(reference)) == 2  # weights, adapters and AdamW moments
     later = [e for e in events(reference) if e["step"] > 3]
-    assert [{k: v for k, v in e.items() if k != "train/samples_per_s"} for e in later] == \
-           [{k: v for k, v in e.items() if k != "train/samples_per_s"} for e in events(resumed)]
+    assert [{k: v for k, v in e.items() if k not in ("train/samples_per_s", "train/tokens_per_s", "train/mfu")} for e in later] == \
+           [{k: v for k, v in e.items() if k not in ("train/samples_per_s", "train/tokens_per_s", "train/mfu")} for e in events(resumed)]
     assert (resumed / "model" / "adapter" / "adapter_model.safetensors").read_bytes() == \
            (reference / "model" / "adapter" / "adapter_model.safetensors").read_bytes()
     assert not (resumed / "model" / "model.safetensors").exists()
