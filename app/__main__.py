@@ -242,7 +242,7 @@ def cli() -> None:
         sys.argv[1:] = claim_from_argv(sys.argv[1:])
     except ConfigError as err:
         fail(str(err))
-    from hydra.errors import ConfigCompositionException, OverrideParseException
+    from hydra.errors import CompactHydraException, ConfigCompositionException, OverrideParseException
 
     # Hydra's composition errors reach us instead of being printed by Hydra (with the schemas among
     # the options, and a "+key" hint for a key the app then refuses): said here in one sentence.
@@ -256,6 +256,10 @@ def cli() -> None:
                 new_folder.rmdir()  # made for the claim above, still empty: refused, nothing stays
         fail(composition_sentence(err) if isinstance(err, ConfigCompositionException) else
              f"cannot read the override {err.override}: {str(err.message).splitlines()[0].rstrip('.')}.")
+    except CompactHydraException as err:
+        # A launcher's one sentence for a failed job (hydra/launcher=slurm): said as ours are, exit 1.
+        CLAIMS.release_all()
+        fail(str(err), exit_code=1)
     finally:
         CLAIMS.release_all()  # also when Hydra itself refuses the config
 

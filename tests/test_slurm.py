@@ -131,7 +131,8 @@ def test_a_failing_task_ends_the_sweep_with_its_sentence(slurm: SlurmCluster, tm
     job_id, out, _ = job_output(sweep)
     sentence = (f"job 0 (SLURM job {job_id}) failed: rank 1 failed: InjectedFault: injected fault on rank 1 at "
                 "step 2 (APP_FAIL_AT_STEP=2)")
-    assert any(line.startswith(sentence) for line in proc.stderr.splitlines()), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {sentence}"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
     assert "sacct" not in proc.stdout + proc.stderr
     # The sweep ended soon after the task failed (at step 2): rank 0's "training" line is the mark.
     training = re.search(r"^0: \[([\d-]+ [\d:]+),\d+\]\[app.engine.run\]\[INFO\] - training digits", out, re.MULTILINE)

@@ -95,7 +95,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
             configure_worker_logging(rank, log_file=None)
         if srun_rank(os.environ):
             # srun started the ranks: no launcher collects their errors, so each says its own.
-            return _reraise(_failing_in_one_sentence(rank, _interruptible, run, cfg, run_dir, hydra_files))
+            return _reraise(_failing_in_one_sentence(rank, _interruptible, run, cfg, run_dir, record_config))
         # torchrun forwards SIGINT/SIGTERM to every rank; an interrupted rank returns (not raises) so
         # that its error file stays empty, then exits 130/143 like a single process.
         from torch.distributed.elastic.multiprocessing.errors import record
