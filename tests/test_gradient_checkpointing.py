@@ -6,7 +6,6 @@ memory it saves is measured in bench/gradient_checkpointing.py."""
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from torch import nn
 from app.config import ConfigError
 from app.engine.activation_checkpointing import enable_gradient_checkpointing
 from tests.conftest import compose_config
+from tests.metrics_rows import metrics_rows, without_throughput
 
 
 def loss_and_grads(model: nn.Module, forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -83,8 +83,7 @@ def test_a_run_with_gradient_checkpointing_logs_the_losses_of_one_without(tmp_pa
         run(compose_config(*args, f"trainer.gradient_checkpointing={on}"), tmp_path / name)
 
     def logged(name: str) -> list[dict]:
-        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(x).items() if k not in ("train/samples_per_s", "train/tokens_per_s", "train/mfu")} for x in lines]
+        return without_throughput(metrics_rows(tmp_path / name))
 
     plain, checkpointed = logged("plain"), logged("checkpointed")
     assert [e["step"] for e in plain] == [e["step"] for e in checkpointed] and len(plain) == 4

@@ -4,7 +4,6 @@ codes matter, runs are real ``python -m app`` subprocesses; the rest call ``app.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -26,6 +25,7 @@ from app.distributed.checkpoint.store import (
 from app.engine.run import run as run_in_process
 from app.launching.resume_argv import argv_for_resume
 from tests.conftest import compose_config, run_app
+from tests.metrics_rows import metrics_rows, without_throughput
 
 # 2 epochs of 45 steps; step checkpoints every 7 steps fall mid-epoch, log lines every 5 steps span
 # checkpoints (so the partial loss window must be restored), dropout and shuffling are on, and the
@@ -35,16 +35,12 @@ ARGS = ("trainer.max_epochs=2", "checkpoint.every_n_steps=7", "checkpoint.total_
         "trainer.ema_decay=0.9")
 
 
-THROUGHPUT = ("train/samples_per_s", "train/tokens_per_s", "train/mfu")
+events = metrics_rows
 
 
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def logged(run_dir: Path) -> list[tuple]:
+def logged(run_dir: Path) -> list[dict]:
     """What must match between runs: every logged value except throughput."""
-    return [tuple(sorted((k, v) for k, v in e.items() if k not in THROUGHPUT)) for e in events(run_dir)]
+    return without_throughput(events(run_dir))
 
 
 def killed_by_fault(cwd: Path, root: Path, point: str, *args: str) -> None:

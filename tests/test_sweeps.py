@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_app
+from tests.metrics_rows import metrics_rows, without_throughput
 
 TINY = ("trainer.max_steps=10", "trainer.eval_every_n_steps=5", "trainer.log_every_n_steps=5",
         "logging.progress_bar=false", "logging.trackers=[]")
@@ -192,8 +193,7 @@ def test_killed_grid_sweep_resumes_skipping_finished_jobs_and_ends_like_an_unint
     assert (sweep / "2" / weights).read_bytes() == (reference / weights).read_bytes()
 
     def logged(folder: Path) -> list[dict]:  # every logged value but throughput
-        return [{k: v for k, v in yaml.safe_load(line).items() if k not in ("train/samples_per_s", "train/tokens_per_s", "train/mfu")}
-                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return without_throughput(metrics_rows(folder))
 
     assert logged(sweep / "2") == logged(reference)  # so its row of the table is the uninterrupted one
 
