@@ -180,11 +180,11 @@ def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_com
         time.sleep(0.05)
     before = {path.name for path, _ in complete_checkpoints(checkpoints)}
     assert before == {"checkpoint_0"}, before
-    # Past step 2, whose checkpoint is that first save: wherever the signal now lands, the run stops
-    # after step 3 or later, and the next save (held) comes first.
-    wait_for_training(proc, run, steps=1)
+    # The next save is held halfway (written in the background, it stops training at the save after
+    # it, which waits for it); the Ctrl-C then stops the run, whose final save waits for it too.
+    said = wait_for_lines(proc.stderr, [HOLD_MESSAGE])
     proc.send_signal(signal.SIGINT)
-    said = wait_for_lines(proc.stderr, ["SIGINT: stopping after the current step", HOLD_MESSAGE])
+    said += wait_for_lines(proc.stderr, ["SIGINT: stopping after the current step"])
     writing = list(checkpoints.glob(".tmp-checkpoint_1-*"))
     assert writing, said  # the held write: its temporary folder, half written
     proc.send_signal(signal.SIGINT)
