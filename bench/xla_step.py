@@ -2,19 +2,21 @@
 
     PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 .venv-xla/bin/python bench/xla_step.py [--steps 200] [--warmup 30]
 
-Four loops train the same MLP on the same batches (AdamW, clipping at 1.0, the loss summed on the
-device and read every 10 steps, as the engine logs it), each from a fresh model:
+Five loops train the same MLP on the same batches (AdamW, clipping at 1.0, the loss summed on the
+device inside the step and read every 10 steps), each from a fresh model:
 
 - ``ours``: an ``Accelerator`` on ``hardware=tpu``'s SPMD backend with a prepared DataLoader (batches
   loaded and sharded two steps ahead by its prefetch thread; the optimizer step cuts the graph);
+- ``ours, read late``: the same, the log read started with ``Accelerator.read_async`` and its result
+  asked after the next step, as the engine logs;
 - ``ours, no prefetch``: the same with the backend's ``prefetch_depth`` set to 0;
 - ``hand, sync``: the loop torch_xla's documentation writes, ``MpDeviceLoader`` with SPMD
   ``input_sharding`` and ``torch_xla.sync()`` after the optimizer step;
 - ``hand, compile``: the same step inside ``torch_xla.compile``.
 
 Prints each loop's median step time after warm-up and the graphs it compiled after warm-up (must be
-0), then the ratios: hand / ours (goal >= 0.98: ours as fast as the hand loop), prefetch on / off,
-compile / sync. Then time to the first step of two fresh processes sharing a new compile cache
+0), then the ratios: hand / ours (goal >= 0.98: ours as fast as the hand loop), reading the log a
+step later / at once (mean step times: only every tenth step reads), prefetch on / off, compile / sync. Then time to the first step of two fresh processes sharing a new compile cache
 (``--first-step`` children): the first fills it, the second finds its graphs there.
 """
 
@@ -58,25 +60,47 @@ def as_dict(samples: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch
     return {"x": torch.stack([s[0] for s in samples]), "y": torch.stack([s[1] for s in samples])}
 
 
-class Loop:
-    """One way to train: ``step(batch) -> loss`` over its own batches, the loss summed on the device and
-    read every LOG_EVERY steps; :meth:`run` does ``n`` steps and keeps their times after warm-up."""
+class LossSum:
+    """The loss summed on the device inside the step, before its graph is cut (as the engine sums it)."""
 
-    def __init__(self, batches: Iterable[Any], step: Callable[[Any], torch.Tensor], warmup: int):
-        self.batches, self.step, self.warmup = iter(batches), step, warmup
-        self.done, self.times, self.running = 0, [], None
+    def __init__(self) -> None:
+        self.total: torch.Tensor | None = None
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total = loss.detach() if self.total is None else self.total + loss.detach()
+
+    def take(self) -> torch.Tensor:
+        total, self.total = self.total, None
+        assert total is not None
+        return total
+
+
+class Loop:
+    """One way to train: ``step(batch)`` over its own batches, the loss summed on the device and read
+    every LOG_EVERY steps, at once or (``read_later``, the engine's way: ``Accelerator.read_async``)
+    after the next step; :meth:`run` does ``n`` steps and keeps their times after warm-up."""
+
+    def __init__(self, batches: Iterable[Any], step: Callable[[Any], None], losses: LossSum, warmup: int,
+                 read_later: Callable[..., Any] | None = None):
+        self.batches, self.step, self.losses, self.warmup = iter(batches), step, losses, warmup
+        self.read_later, self.reading = read_later, None
+        self.done, self.times = 0, []
         self.graphs_after_warmup = 0
 
     def run(self, n: int) -> None:
         before, warm = XlaCounts.now(), self.done >= self.warmup
         last = time.perf_counter()
         for _ in range(n):
-            loss = self.step(next(self.batches))
-            self.running = loss.detach() if self.running is None else self.running + loss.detach()
+            self.step(next(self.batches))
             self.done += 1
-            if self.done % LOG_EVERY == 0:
-                self.running.item()  # the log point: the one host read
-                self.running = None
+            if self.reading is not None:  # the previous log point's read, complete by now
+                self.reading.result()
+                self.reading = None
+            if self.done % LOG_EVERY == 0:  # the log point: the one host read
+                if self.read_later is None:
+                    self.losses.take().item()
+                else:
+                    self.reading = self.read_later(self.losses.take())
             now = time.perf_counter()
             if self.done > self.warmup:
                 self.times.append(now - last)
@@ -85,23 +109,24 @@ class Loop:
             self.graphs_after_warmup += XlaCounts.now().since(before).compiles
 
 
-def ours(data: TensorDataset, warmup: int, prefetch: int) -> Loop:
+def ours(data: TensorDataset, warmup: int, prefetch: int, read_later: bool = False) -> Loop:
     backend = XlaSpmdBackend()
     backend.prefetch_depth = prefetch
     acc = Accelerator(backend=backend, seed=0)
     model = make_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = acc.prepare(model, optimizer, DataLoader(data, batch_size=BATCH, collate_fn=as_dict))
+    losses = LossSum()
 
-    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def step(batch: dict[str, torch.Tensor]) -> None:
         loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
         acc.backward(loss)
+        losses.add(loss)
         acc.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()  # cuts the graph (the backend's end-of-step hook)
         optimizer.zero_grad()
-        return loss
 
-    return Loop(loader, step, warmup)
+    return Loop(loader, step, losses, warmup, acc.read_async if read_later else None)
 
 
 def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> Loop:
@@ -114,24 +139,24 @@ def hand(data: TensorDataset, warmup: int, compiled: bool, mesh: Any) -> Loop:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sharding = {"x": xs.ShardingSpec(mesh, ("data", None)), "y": xs.ShardingSpec(mesh, ("data",))}
     loader = pl.MpDeviceLoader(DataLoader(data, batch_size=BATCH, collate_fn=as_dict), device, input_sharding=sharding)
+    losses = LossSum()
 
-    def step_body(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def step_body(batch: dict[str, torch.Tensor]) -> None:
         loss = nn.functional.cross_entropy(model(batch["x"]), batch["y"])
         loss.backward()
+        losses.add(loss)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        return loss
 
     if compiled:
         step = torch_xla.compile(step_body)
     else:
-        def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            loss = step_body(batch)
+        def step(batch: dict[str, torch.Tensor]) -> None:
+            step_body(batch)
             torch_xla.sync()
-            return loss
 
-    return Loop(loader, step, warmup)
+    return Loop(loader, step, losses, warmup)
 
 
 def first_step(cache: Path) -> None:
@@ -169,23 +194,30 @@ def main() -> None:
     mesh = XlaSpmdBackend().mesh
     loops = {
         "ours": ours(data, args.warmup, prefetch=2),
+        "ours, read late": ours(data, args.warmup, prefetch=2, read_later=True),
         "ours, no prefetch": ours(data, args.warmup, prefetch=0),
         "hand, sync": hand(data, args.warmup, compiled=False, mesh=mesh),
         "hand, compile": hand(data, args.warmup, compiled=True, mesh=mesh),
     }
-    # Interleaved, LOG_EVERY steps of each in turn (each turn ends at a host read, so nothing of one
-    # loop is still running on the devices when the next starts): the machine's load changes alike
-    # for all four.
+    # Interleaved, LOG_EVERY steps of each in turn (each turn ends at a host read, or with one read
+    # late, whose step has run by the next turn): the machine's load changes alike for all five.
+    import torch_xla.core.xla_model as xm
+
     for _ in range(args.steps // LOG_EVERY):
         for loop in loops.values():
             loop.run(LOG_EVERY)
-    results = {name: (statistics.median(loop.times), loop.graphs_after_warmup) for name, loop in loops.items()}
+            xm.wait_device_ops()  # nothing of this loop still runs when the next one starts
+    results = {name: (statistics.median(loop.times), statistics.mean(loop.times), loop.graphs_after_warmup)
+               for name, loop in loops.items()}
     print(f"MLP 64-512-512-10, batch {BATCH} over {len(mesh.device_ids)} XLA devices, {args.steps} steps "
           f"({args.warmup} warm-up), AdamW, clipping, a host read every {LOG_EVERY} steps")
-    for name, (median, graphs) in results.items():
-        print(f"  {name:<18} {median * 1e3:7.3f} ms/step (median), {graphs} graph(s) compiled after warm-up")
+    for name, (median, mean, graphs) in results.items():
+        print(f"  {name:<18} {median * 1e3:7.3f} ms/step (median), {mean * 1e3:7.3f} (mean), {graphs} graph(s) "
+              f"compiled after warm-up")
     fastest_hand = min(results["hand, sync"][0], results["hand, compile"][0])
     print(f"speed ours / hand-written (faster of sync, compile): {fastest_hand / results['ours'][0]:.3f} (goal >= 0.98)")
+    print(f"speed with the log read a step later / at once (means: a log step is 1 in {LOG_EVERY}): "
+          f"{results['ours'][1] / results['ours, read late'][1]:.3f}")
     print(f"speed prefetch on / off: {results['ours, no prefetch'][0] / results['ours'][0]:.3f}")
     print(f"speed torch_xla.compile / sync (hand loop): {results['hand, sync'][0] / results['hand, compile'][0]:.3f}")
     with tempfile.TemporaryDirectory() as folder:

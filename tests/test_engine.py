@@ -12,12 +12,15 @@ import pytest
 import torch
 
 from app.config import ConfigError
+from app.distributed.hardware.device import DeviceOps
+from app.distributed.random import set_seed
 from app.engine.build import build_accelerator, build_components, build_early_stopping
-from app.engine.loop import LoopState, fit
+from app.engine.loop import LoopState, NoCheckpoints, fit
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.schedulers import linear_with_warmup
 from app.tasks.digits import DigitsTask
 from tests.conftest import REPO, compose_config
+from tests.metrics_rows import metrics_rows, without_throughput
 
 FAST = ["logging.trackers=[]", "logging.progress_bar=false", "trainer.batch_size=128"]
 
@@ -104,6 +107,93 @@ def test_eval_every_n_steps_and_metrics_jsonl(tmp_path):
     assert all({"step", "epoch"} <= set(e) for e in events)
     lrs = [e["train/lr"] for e in events if "train/lr" in e]
     assert lrs == sorted(lrs, reverse=True) and lrs[0] > 0 and lrs[-1] == 0.0  # linear decay to 0 at the end
+
+
+class LaggingReads(DeviceOps):
+    """The CPU, but reading values later, as on a device that runs ahead of the host (CUDA, XLA):
+    each read records the optimizer step (the task's training steps) at which it was started and the
+    one at which its result was asked."""
+
+    reads_lag = True
+
+    def __init__(self, task):
+        self.task = task
+        self.reads: list[tuple[int, int]] = []
+
+    def read_async(self, tensors):
+        ops, started = self, self.task.train_steps
+
+        class Later:
+            def result(self):
+                ops.reads.append((started, ops.task.train_steps))
+                return tuple(t.item() for t in tensors)
+
+        return Later()
+
+
+def run_fit_reading_late(tmp_path: Path, task_factory, *overrides: str, checkpoints=None):
+    cfg = compose_config(*FAST, *overrides)
+    set_seed(cfg.seed)
+    acc = build_accelerator(cfg, tmp_path)
+    acc.init_trackers("test")
+    task = task_factory(cfg.task)
+    acc.backend.ops = lagging = LaggingReads(task)
+    assert acc.reads_lag
+    state = fit(build_components(cfg, acc, task), cfg, LoopState(), build_early_stopping(cfg), checkpoints)
+    acc.end_training()
+    return state, lagging
+
+
+class SavesEveryTenSteps(NoCheckpoints):
+    """A checkpoint hook that notes, where it would save (every 10 steps and every epoch's end), the
+    steps whose training line metrics.jsonl holds at that moment."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.seen = folder, {}
+
+    def saves_at_step(self, step):
+        return step % 10 == 0
+
+    def note(self, state):
+        rows = metrics_rows(self.folder) if (self.folder / "metrics.jsonl").exists() else []
+        self.seen[state.global_step] = [row["step"] for row in rows if "train/loss" in row]
+
+    def on_step_end(self, state, metrics):
+        if self.saves_at_step(state.global_step):
+            self.note(state)
+
+    def on_epoch_end(self, state, metrics):
+        self.note(state)
+
+
+def test_where_reads_lag_each_training_line_is_read_a_step_later_with_the_same_values(tmp_path):
+    overrides = ("trainer.max_steps=23", "trainer.log_every_n_steps=5", "trainer.eval_every_n_steps=10")
+    set_seed(0)
+    run_fit(tmp_path / "now", lambda c: ScriptedDigits(c, [0.5] * 5), *overrides, "seed=0")
+    _, lagging = run_fit_reading_late(tmp_path / "late", lambda c: ScriptedDigits(c, [0.5] * 5), *overrides, "seed=0")
+    # Each log step's read is asked for after the next optimizer step, or before the evaluation of
+    # the same step (step 10, 20), or at the end of training (no step 25).
+    assert lagging.reads == [(5, 6), (10, 10), (15, 16), (20, 20)]
+    # The lines are the same as where they are read at once: same steps, losses, order with the
+    # evaluations (a new running sum after each read, not the old one zeroed under the reader).
+    assert without_throughput(metrics_rows(tmp_path / "late")) == without_throughput(metrics_rows(tmp_path / "now"))
+
+
+def test_where_reads_lag_a_checkpoint_comes_after_the_training_line_of_its_step(tmp_path):
+    # digits at batch 128: 12 steps an epoch; lines every 4 steps, no evaluation before the end.
+    hook = SavesEveryTenSteps(tmp_path)
+    run_fit_reading_late(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 5), "trainer.max_steps=24",
+                         "trainer.log_every_n_steps=2", "trainer.eval_every_n_steps=100", checkpoints=hook)
+    # Saves at steps 10 and 20 and at the epochs' ends (12, 24) find their own step's line written.
+    assert {step: lines[-1] for step, lines in hook.seen.items()} == {10: 10, 12: 12, 20: 20, 24: 24}
+
+
+def test_where_reads_lag_a_nan_loss_stops_one_step_after_its_log_step(tmp_path):
+    state, _ = run_fit_reading_late(tmp_path, lambda c: ScriptedDigits(c, [0.5] * 50, nan_from_step=13),
+                                    "trainer.log_every_n_steps=5", "trainer.max_epochs=5")
+    assert state.global_step == 16
+    assert "training loss is nan at step 15" in state.stop_reason
+    assert state.non_finite_loss_step == 15
 
 
 def test_engine_never_names_a_device_or_collective_backend():

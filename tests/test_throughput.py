@@ -118,14 +118,16 @@ def test_tokens_per_s_and_mfu_of_a_window_and_the_runs_means(as_tensor):
     drawn = batches(6)
     assert list(throughput.counted(drawn[:3])) == drawn[:3]  # the batches themselves, in order
     tokens = sum(int(b["attention_mask"].sum()) for b in drawn[:3])
-    first = throughput.window(3, 2.0)
+    taken = throughput.take_tokens()
+    assert int(taken) == tokens and int(throughput.tokens) == 0  # counting goes on in a new tensor
+    first = throughput.window(3, 2.0, float(taken))
     per_token = 6 * dense_parameters(model) + 12 * 2 * 4 * 8 * (tokens / 12)  # T: tokens per sample
     assert first[SAMPLES_PER_S] == pytest.approx(12 / 2.0)
     assert first[TOKENS_PER_S] == pytest.approx(tokens / 2.0)
     assert first[MFU] == pytest.approx(tokens * per_token / 2.0 / peak)
     list(throughput.counted(drawn[3:]))  # the next window starts from zero
     later = sum(int(b["attention_mask"].sum()) for b in drawn[3:])
-    second = throughput.window(3, 6.0)
+    second = throughput.window(3, 6.0, float(throughput.take_tokens()))
     assert second[TOKENS_PER_S] == pytest.approx(later / 6.0)
     # The run's means weigh the windows by their time: totals over total seconds.
     means = throughput.means()
@@ -138,9 +140,9 @@ def test_without_tokens_or_a_known_peak_mfu_is_null_and_samples_per_s_remains():
     acc = Accelerator(cpu=True)
     assert acc.peak_flops() is None  # a CPU is in no table
     throughput = Throughput(acc, object(), nn.Linear(4, 2), global_batch=8, peak_flops=None)
-    assert throughput.count_tokens is None
-    assert throughput.window(5, 4.0) == {SAMPLES_PER_S: 10.0, MFU: None}
+    assert throughput.count_tokens is None and throughput.take_tokens() is None
+    assert throughput.window(5, 4.0, None) == {SAMPLES_PER_S: 10.0, MFU: None}
     assert throughput.summary() == "mean 10 samples/s, MFU n/a"
     # Without tokens, a known peak gives MFU by samples: 6 FLOPs per parameter and sample.
     counted = Throughput(acc, object(), nn.Linear(4, 2), global_batch=8, peak_flops=1e3)
-    assert counted.window(5, 4.0)[MFU] == pytest.approx(10.0 * 6 * 10 / 1e3)
+    assert counted.window(5, 4.0, None)[MFU] == pytest.approx(10.0 * 6 * 10 / 1e3)

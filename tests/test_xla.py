@@ -26,6 +26,7 @@ from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
 from app.distributed.hardware.xla import bf16_variable_refusal, tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints
 from tests.conftest import SHARED_DATA, compose_config, run_app
+from tests.metrics_rows import metrics_rows, without_throughput
 
 pytestmark = pytest.mark.xla
 
@@ -49,8 +50,7 @@ def _compile_cache_in_a_temporary_folder(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = saved
 
 
-def events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+events = metrics_rows
 
 
 def compiled_graphs() -> int:
@@ -139,12 +139,20 @@ def test_with_torch_xla_but_no_tpu_and_no_pjrt_device_it_says_so(tmp_path):
 
 class Recorder(NoCheckpoints):
     """A checkpoint hook that writes nothing: it notes, at every evaluation, the graphs compiled and
-    the host reads so far (the other hooks stay NoCheckpoints' no-ops)."""
+    the host reads so far, and after every optimizer step the graphs executed so far (the other hooks
+    stay NoCheckpoints' no-ops)."""
 
     def __init__(self) -> None:
         self.at: dict[int, tuple[int, int, dict[str, float]]] = {}
+        self.executions: dict[int, int] = {}
 
     def on_step_end(self, state, metrics) -> None:
+        import torch_xla.core.xla_model as xm
+
+        from app.distributed.xla_metrics import XlaCounts
+
+        xm.wait_device_ops()  # the executions launched so far have run (they are counted as they run)
+        self.executions[state.global_step] = XlaCounts.now().executions
         if metrics is not None:
             self.at[state.global_step] = (compiled_graphs(), host_reads(), metrics)
 
@@ -182,6 +190,12 @@ def test_spmd_bf16_digits_compiles_nothing_new_after_warm_up_and_reads_the_host_
     assert graphs[40] == graphs[20] and graphs[20] - graphs[10] <= 1 and graphs[10] <= 15, graphs
     reads = recorder.at[40][1] - recorder.at[10][1]
     assert reads < 30, f"{reads} host reads in 30 steps: something reads the device every step"
+    # A log step (15, 25, 35) reads its loss a step later, from the step's own graph: no graph of its
+    # own, so one execution per step (reading it at once ran one more at each log step).
+    ran = recorder.executions
+    assert [ran[s] - ran[s - 1] for s in range(12, 20)] == [1] * 8, ran
+    assert [ran[s] - ran[s - 1] for s in range(32, 40)] == [1] * 8, ran
+    assert acc.reads_lag
     # Evaluation batches are padded to full size; gather_for_metrics drops the padding.
     assert all(m["eval/num_samples"] == 360 for _, _, m in recorder.at.values())
     assert recorder.at[40][2]["eval/accuracy"] > 0.5
@@ -230,6 +244,7 @@ def test_an_xla_checkpoint_resumes_on_cpu_and_a_cpu_checkpoint_on_xla(tmp_path):
         assert manifest.step == 30 and {float(s["step"]) for s in optimizer["state"].values()} == {30.0}
 
 
+@pytest.mark.signals
 @needs_xla
 @pytest.mark.slow
 @pytest.mark.timeout(400)
@@ -251,7 +266,7 @@ def test_killed_on_xla_and_resumed_ends_bitwise_identical(tmp_path):
         (reference / "model" / "model.safetensors").read_bytes()
 
     def logged(run_dir: Path) -> list[tuple]:
-        return [tuple(sorted((k, v) for k, v in e.items() if k not in ("train/samples_per_s", "train/tokens_per_s", "train/mfu"))) for e in events(run_dir)]
+        return without_throughput(events(run_dir))
 
     assert logged(run) == logged(reference)
 

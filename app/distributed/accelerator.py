@@ -55,6 +55,7 @@ from app.distributed.data_stream import ShardedStream, StreamLoaderShard
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
 from app.distributed.hardware.peak_flops import compute_type, peak_flops
+from app.distributed.host_reads import HostRead
 from app.distributed.operations import recursively_apply
 from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
@@ -576,6 +577,25 @@ class Accelerator(ProcessControl):
         >>> flag.close()
         """
         return self.backend.step_flag()
+
+    @property
+    def reads_lag(self) -> bool:
+        """Whether :meth:`read_async` returns before its values are in, because the device runs ahead of
+        the host (CUDA, XLA): ask for its result a step later. False on the CPU (read at once)."""
+        return self.backend.ops.reads_lag
+
+    def read_async(self, *tensors: torch.Tensor) -> HostRead:
+        """Start reading device scalars on the host without waiting for the device to catch up: on CUDA
+        a copy into pinned memory and an event, on XLA the launched step's outputs themselves, on the
+        CPU the values at once (``app/distributed/host_reads.py``). The tensors are the reader's from
+        now on: do not change them in place (start a new running sum instead).
+
+        >>> reading = accelerator.read_async(loss_sum)
+        >>> loss_sum = torch.zeros((), device=accelerator.device)
+        >>> ...                               # the next optimizer step
+        >>> (total,) = reading.result()
+        """
+        return self.backend.ops.read_async(tensors)
 
     # -- profiling ------------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -129,8 +129,12 @@ class CheckpointPolicy:
         """Whether on_step_end may save (checkpoint.every_n_steps); the loop calls it only then."""
         return self.cfg.every_n_steps is not None
 
+    def saves_at_step(self, step: int) -> bool:
+        """Whether on_step_end saves after this optimizer step (checkpoint.every_n_steps)."""
+        return self.cfg.every_n_steps is not None and step % self.cfg.every_n_steps == 0
+
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
-        if self.cfg.every_n_steps is not None and state.global_step % self.cfg.every_n_steps == 0:
+        if self.saves_at_step(state.global_step):
             self.save(state)
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:

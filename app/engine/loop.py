@@ -14,13 +14,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
 
 from app.config import RunConfig
 from app.distributed import Accelerator
+from app.distributed.host_reads import HostRead
 from app.distributed.step_flags import StepFlag
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
@@ -68,10 +69,29 @@ class LoopState:
             setattr(self, key, value)
 
 
+class LogWindow(NamedTuple):
+    """A logging window closed at a log step, its summed loss (and tokens) being read on the host."""
+
+    step: int
+    reading: HostRead
+    """The loss summed over the window's micro-batches (mean over processes), then the tokens drawn
+    in it where the task counts them (``Accelerator.read_async``)."""
+    loss_batches: int
+    """Micro-batches summed into the loss (a resumed window counts those before the resume too)."""
+    batches: int
+    """Micro-batches this run trained in the window: its throughput."""
+    seconds: float
+    epoch: int
+    lr: float
+
+
 class CheckpointHook(Protocol):
     """What the loop asks of a checkpoint policy (``app.engine.checkpoint``); the default does nothing.
     A hook whose ``on_step_end`` saves at no step without an evaluation may say so with a false
-    ``saves_on_steps``: the loop then spares that call after every optimizer step."""
+    ``saves_on_steps``: the loop then spares that call after every optimizer step. A hook may also say
+    at which steps ``on_step_end`` saves (``saves_at_step(step) -> bool``): where reads lag, the loop
+    writes a log line it left for later before such a save, so that the checkpoint's ``metrics.jsonl``
+    holds its step's line; a hook that does not say is taken to save at every step."""
 
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None: ...
 
@@ -83,6 +103,9 @@ class CheckpointHook(Protocol):
 class NoCheckpoints:
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         pass
+
+    def saves_at_step(self, step: int) -> bool:
+        return False
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         pass
@@ -263,7 +286,7 @@ def train(run: Training) -> None:
     every process stops there (:meth:`Training.should_stop`)."""
     c, state = run.c, run.state
     acc, model, optimizer, scheduler, task = c.accelerator, c.model, c.optimizer, c.scheduler, c.task
-    max_grad_norm, running_loss = run.max_grad_norm, run.running_loss
+    max_grad_norm = run.max_grad_norm
     # Built once: model.parameters() walks every module, a few per cent of a small model's step.
     # Parameters keep their identity during training (FSDP2 shards them when the model is prepared;
     # checkpoints and weight averages copy into them).
@@ -276,15 +299,17 @@ def train(run: Training) -> None:
                 sync = acc.sync_gradients  # decided for this micro-batch by accumulate
                 out = task.step(model, batch)
                 acc.backward(out.loss)
+                # Summed on the device (no host sync per step), before the optimizer step: on a lazy
+                # device the sum is then part of the step's graph, which a log step reads a step later.
+                state.loss_sum += out.loss.detach()
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
             state.batches_in_epoch += 1
-            running_loss += out.loss.detach()  # accumulated on the device: no host sync per step
             state.loss_batches += 1
-            if sync and run.should_stop(run.on_optimizer_step()):
+            if sync and run.should_stop(run.after_optimizer_step()):
                 break
         run.on_epoch_end()
     run.close()
@@ -321,12 +346,19 @@ class Training:
         # NoCheckpoints' no-op, nor for a hook that says it saves at no step (saves_on_steps).
         self.checkpoint_steps = (type(checkpoints).on_step_end is not NoCheckpoints.on_step_end
                                  and bool(getattr(checkpoints, "saves_on_steps", True)))
-        # The state holds this very tensor (updated in place) so a checkpoint carries the partial window.
-        self.running_loss = state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
+        self.saves_at_step: Callable[[int], bool] = getattr(checkpoints, "saves_at_step", lambda step: True)
+        # On the device while training (a checkpoint reads the partial window from the state).
+        state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
         # The logging window: since when, and from which of state.loss_batches (a resumed window began
         # before this run).
         self.window_start, self.window_first_batch = time.perf_counter(), state.loss_batches
         self.step_hooks = self._step_hooks()
+        # Where reading the device at once would stall it (acc.reads_lag: the device runs ahead of the
+        # host), a log step's values are read one optimizer step later: its line waits in late_log until
+        # then (or an evaluation, or the end).
+        self.late_log: LogWindow | None = None
+        self.after_optimizer_step = self.on_optimizer_step_reading_late if acc.reads_lag else self.on_optimizer_step
+        """What ``train()`` calls after every optimizer step; returns whether the step is a decision point."""
 
     def _step_hooks(self) -> tuple[Callable[[], object], ...]:
         """What runs after every optimizer step, in this order; only those in use (nothing is called
@@ -362,8 +394,16 @@ class Training:
             self.checkpoints.on_step_end(state, self.evaluate())
             return True
         if self.checkpoint_steps:
+            if self.late_log is not None and self.saves_at_step(state.global_step):
+                self.write_late_log()  # before its step's checkpoint (which waits for the device anyway)
             self.checkpoints.on_step_end(state, None)
         return logged
+
+    def on_optimizer_step_reading_late(self) -> bool:
+        """:meth:`on_optimizer_step` where reads lag: first the previous log step's line, whose values
+        are in by now; a step that writes one is a decision point (its loss may stop training)."""
+        late = self.write_late_log()
+        return self.on_optimizer_step() or late
 
     def should_stop(self, decision_point: bool) -> bool:
         """Whether every process stops after this optimizer step: a signal (seen by any process), a
@@ -388,6 +428,8 @@ class Training:
             state.batches_in_epoch = 0
             if self.stop is None:
                 metrics = self.evaluate() if self.eval_every is None else None
+                if metrics is None:
+                    self.write_late_log()  # before the epoch's checkpoint, as an evaluation writes it
                 self.checkpoints.on_epoch_end(state, metrics)
                 if metrics is not None and self.acc.check_trigger():
                     self.stop_unless_decided(StopReason.another_process)
@@ -410,37 +452,63 @@ class Training:
             self.stop_for(StopReason.max_epochs, max_epochs=self.max_epochs)
 
     def log_training_loss(self, step: int) -> None:
-        """The mean training loss since the last log line (one host read), the learning rate and the
-        throughput (samples/s, tokens/s, MFU: ``app.engine.throughput``); a loss that is not finite is
-        recorded, and stops training with stop_on_nan."""
+        """Close the logging window: start reading its summed loss (and tokens) on the host, and write
+        its line now, or one step later where reads lag (:attr:`late_log`)."""
         acc, state = self.acc, self.state
-        # Divided on the host, and reduced only when there is more than one process: this step
-        # runs with cold caches, where each tensor op and call costs several times its warm price.
-        summed = acc.reduce(self.running_loss, reduction="mean") if self.several_processes else self.running_loss
-        loss = summed.item() / state.loss_batches
-        elapsed = time.perf_counter() - self.window_start
+        loss_sum = state.loss_sum
+        assert isinstance(loss_sum, torch.Tensor)  # on the device while training (see __init__)
+        # Reduced only when there is more than one process, and divided on the host: this step runs
+        # with cold caches, where each tensor op and call costs several times its warm price.
+        summed = acc.reduce(loss_sum, reduction="mean") if self.several_processes else loss_sum
+        tokens = self.throughput.take_tokens()
+        reading = acc.read_async(summed) if tokens is None else acc.read_async(summed, tokens)
+        state.loss_sum = torch.zeros_like(loss_sum)  # a new sum: the last one is the reader's
+        window = LogWindow(step, reading, state.loss_batches, state.loss_batches - self.window_first_batch,
+                           time.perf_counter() - self.window_start, state.epoch,
+                           # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
+                           max(self.c.scheduler.get_last_lr()))
+        state.loss_batches = 0
+        if acc.reads_lag:
+            self.late_log = window
+        else:
+            self.write_log(*window)
+        self.window_start, self.window_first_batch = time.perf_counter(), 0
+
+    def write_late_log(self) -> bool:
+        """Write the line :meth:`log_training_loss` left for later, if any; whether there was one."""
+        window, self.late_log = self.late_log, None
+        if window is None:
+            return False
+        self.write_log(*window)
+        return True
+
+    def write_log(self, step: int, reading: HostRead, loss_batches: int, batches: int, seconds: float,
+                  epoch: int, lr: float) -> None:
+        """A window's line (the fields of a :class:`LogWindow`): the mean training loss, the learning
+        rate and the throughput (samples/s, tokens/s, MFU: ``app.engine.throughput``); a loss that is
+        not finite is recorded, and stops training with stop_on_nan."""
+        values = reading.result()
+        loss = values[0] / loss_batches
         train_metrics = {
             "train/loss": loss,
-            # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
-            "train/lr": max(self.c.scheduler.get_last_lr()),
-            **self.throughput.window(state.loss_batches - self.window_first_batch, elapsed),
-            "epoch": state.epoch,
+            "train/lr": lr,
+            **self.throughput.window(batches, seconds, values[1] if len(values) > 1 else None),
+            "epoch": epoch,
         }
-        acc.log(train_metrics, step=step)
+        self.acc.log(train_metrics, step=step)
         self.progress.show(loss, train_metrics)
-        self.running_loss.zero_()
-        state.loss_batches = 0
-        self.window_start, self.window_first_batch = time.perf_counter(), 0
         if not math.isfinite(loss):
+            state = self.state
             if state.non_finite_loss_step is None:
                 state.non_finite_loss_step = step
             if self.stop_on_nan:
                 self.stop_for(StopReason.non_finite_loss, loss=loss, step=step)
-                acc.set_trigger()
+                self.acc.set_trigger()
 
     def evaluate(self) -> dict[str, float]:
-        """An evaluation during training; early stopping may decide to stop (every process, through
-        the trigger)."""
+        """An evaluation during training (after any training line left for later); early stopping may
+        decide to stop (every process, through the trigger)."""
+        self.write_late_log()
         metrics, no_improvement = run_evaluation(self.c, self.state, self.stopper)
         if no_improvement:
             stopper = self.stopper
@@ -465,6 +533,7 @@ class Training:
             self.stop_for(reason)
 
     def close(self) -> None:
+        self.write_late_log()
         if self.signals is not None:
             self.signals.close()  # the last step's flag (a signal then is read by fit's final agreement)
 

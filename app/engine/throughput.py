@@ -5,7 +5,8 @@ means over the run in its last line.
 - **Tokens**: a task may count the tokens of a batch (``Task.tokens_in_batch``: an int, or a 0-d
   tensor on the batch's device, which spares a host read per batch; a text task's non-padding tokens,
   a language model's label tokens). They are summed on the device as the batches are drawn and read
-  at log steps; a task without it has no tokens key, and its steps pay nothing for it.
+  at log steps with the loss (``take_tokens``); a task without it has no tokens key, and its steps pay
+  nothing for it.
 - **FLOPs**, forward and backward, as torchtitan counts them: a transformer (a module whose config
   names its layers, heads and width) costs ``6·N + 12·L·H·Q·T`` per token, N its parameters outside
   the embedding tables, L layers, H heads of width Q, T the window's mean sequence length (its tokens
@@ -88,24 +89,35 @@ class Throughput:
         self.seconds = self.samples = self.tokens_total = self.flops = 0.0
         """The logged windows' totals: the run's means."""
         self.window = self._window_with_tokens if self.count_tokens is not None else self._window
-        """``window(batches, seconds)``: the metrics of a log window of ``batches`` micro-batches per
-        process that took ``seconds`` (and the start of the next)."""
+        """``window(batches, seconds, tokens)``: the metrics of a log window of ``batches`` micro-batches
+        per process that took ``seconds``, in which ``tokens`` were drawn (what :meth:`take_tokens` gave,
+        read; None for a task that does not count them)."""
 
     def counted(self, batches: Iterable[Any]) -> Iterator[Any]:
         """``batches``, each one's tokens added to :attr:`tokens` as it is drawn (a device op: no sync
         unless the task read its count back itself)."""
-        tokens, count = self.tokens, self.count_tokens
+        count = self.count_tokens
         assert count is not None
         for batch in batches:
-            tokens += count(batch)
+            self.tokens += count(batch)  # the attribute: a log step starts a new sum (take_tokens)
             yield batch
+
+    def take_tokens(self) -> torch.Tensor | None:
+        """The tokens drawn since the last log step (summed over processes), for a log step to read
+        (``Accelerator.read_async``); counting goes on in a new tensor, as the one returned is being
+        read. None for a task that does not count tokens."""
+        if self.count_tokens is None:
+            return None
+        tokens = self.acc.reduce(self.tokens, reduction="sum") if self.several_processes else self.tokens
+        self.tokens = torch.zeros_like(self.tokens)
+        return tokens
 
     def flops_per_token(self, sequence_length: float) -> float:
         if self.task_flops_per_token is not None:
             return self.task_flops_per_token
         return self.dense_flops_per_token + self.attention_flops * sequence_length
 
-    def _window(self, batches: int, seconds: float) -> dict[str, float | None]:
+    def _window(self, batches: int, seconds: float, tokens: float | None) -> dict[str, float | None]:
         """Samples/s and MFU (6·N per sample). Kept short: it runs at every log step of every task."""
         samples = batches * self.global_batch
         self.samples += samples
@@ -113,12 +125,10 @@ class Throughput:
         per_s = samples / seconds
         return {SAMPLES_PER_S: per_s, MFU: per_s * self.mfu_per_sample if self.mfu_per_sample is not None else None}
 
-    def _window_with_tokens(self, batches: int, seconds: float) -> dict[str, float | None]:
-        """Samples/s, tokens/s (one host read of the token sum, reduced over processes) and MFU per token."""
+    def _window_with_tokens(self, batches: int, seconds: float, tokens: float | None) -> dict[str, float | None]:
+        """Samples/s, tokens/s and MFU per token."""
+        assert tokens is not None
         samples = batches * self.global_batch
-        tokens = float((self.acc.reduce(self.tokens, reduction="sum") if self.several_processes
-                        else self.tokens).item())
-        self.tokens.zero_()
         flops = tokens * self.flops_per_token(tokens / max(samples, 1))
         self.samples += samples
         self.seconds += seconds

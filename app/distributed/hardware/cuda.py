@@ -3,13 +3,14 @@ helpers their specs share."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from app.config import ConfigError, HardwareConfig
 from app.distributed.hardware.device import DeviceOps
+from app.distributed.host_reads import HostRead
 
 
 class CudaOps(DeviceOps):
@@ -18,6 +19,7 @@ class CudaOps(DeviceOps):
     collective_backend = "cpu:gloo,cuda:nccl"
     precisions = frozenset({"no", "bf16", "fp16"})
     pinned_memory = True
+    reads_lag = True
 
     def local_device(self, local_rank: int) -> torch.device:
         device = torch.device("cuda", local_rank)
@@ -37,6 +39,26 @@ class CudaOps(DeviceOps):
     def free_memory(self) -> None:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+    def read_async(self, tensors: Sequence[torch.Tensor]) -> HostRead:
+        return PinnedCopy(tensors)
+
+
+class PinnedCopy:
+    """Each tensor copied into pinned host memory on the current stream, then an event recorded: the
+    result waits for that event only, not for the kernels queued after it."""
+
+    __slots__ = ("copies", "event")
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self.copies = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                       for t in tensors]
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def result(self) -> tuple[float, ...]:
+        self.event.synchronize()
+        return tuple(c.item() for c in self.copies)
 
 
 CUDA = CudaOps()

@@ -9,10 +9,12 @@ multi-process backends for the collective library. A device type with different 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+from app.distributed.host_reads import HostRead, ReadNow
 
 
 class DeviceOps:
@@ -62,6 +64,14 @@ class DeviceOps:
 
     def step_end(self) -> None:
         """Called once after every real optimizer step: a lazy device cuts its graph here."""
+
+    reads_lag: bool = False
+    """Whether :meth:`read_async` returns before the values are in (the device runs ahead of the host):
+    the loop then asks for them one optimizer step later (``app/distributed/host_reads.py``)."""
+
+    def read_async(self, tensors: Sequence[torch.Tensor]) -> HostRead:
+        """Start reading scalars of this device on the host; the CPU reads them at once."""
+        return ReadNow(tensors)
 
 
 CPU = DeviceOps()

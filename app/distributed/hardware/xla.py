@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from app.distributed.hardware.device import DeviceOps
+from app.distributed.host_reads import HostRead
 
 INSTALL_HINT = ("hardware=tpu needs PyTorch/XLA, which is not installed here; torch_xla 2.9.0 needs torch 2.9.0 "
                 "exactly, so make a separate environment for it rather than changing this one's torch: "
@@ -69,6 +70,7 @@ class XlaOps(DeviceOps):
     collective_backend = "gloo"  # between hosts, for objects; device tensors need none under SPMD
     precisions = frozenset({"no", "bf16"})
     fused_optimizers = False  # torch's fused kernels exist for CPU and CUDA only
+    reads_lag = True
 
     def local_device(self, local_rank: int) -> torch.device:
         import torch_xla
@@ -119,6 +121,23 @@ class XlaOps(DeviceOps):
         import torch_xla
 
         torch_xla.sync()
+
+    def read_async(self, tensors: Sequence[torch.Tensor]) -> HostRead:
+        return LaunchedRead(tensors)
+
+
+class LaunchedRead:
+    """The tensors themselves, outputs of a graph already launched (the optimizer step's
+    ``torch_xla.sync()``): the transfer, when asked, waits for that graph only. Copies would be new
+    graph outputs, computed with the next step, and the read would wait for that step."""
+
+    __slots__ = ("tensors",)
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        self.tensors = tuple(tensors)
+
+    def result(self) -> tuple[float, ...]:
+        return tuple(t.item() for t in self.tensors)
 
 
 XLA = XlaOps()
