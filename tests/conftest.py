@@ -56,3 +56,25 @@ def text_model(tmp_path_factory) -> Path:
     from tests.tiny_bert import make_tiny_bert
 
     return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())
+
+
+# -- a busy machine, on request --------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--busy-loops", type=int, default=0, metavar="N",
+        help="keep N busy processes (one Python loop each, at normal priority) running beside the tests for "
+             "the whole session: the load a test that races the machine fails under (the stability runs "
+             "of the signal and multi-process tests: -m 'signals or multiprocess' --busy-loops 2)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def busy_machine(request: pytest.FixtureRequest):
+    """``--busy-loops N``: N processes spinning until the session ends (none by default)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+             for _ in range(request.config.getoption("--busy-loops"))]
+    yield len(loops)
+    for loop in loops:
+        loop.kill()
+        loop.wait()

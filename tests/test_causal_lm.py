@@ -240,6 +240,7 @@ def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_p
     assert "<unk>" not in tokenizer.decode(generated[0])
 
 
+@pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)

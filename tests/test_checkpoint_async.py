@@ -123,6 +123,7 @@ def test_a_failed_background_write_is_one_sentence_on_the_main_thread_and_nothin
     assert acc.wait_for_checkpoint() == third and store.verify(third) is None
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(60)
 def test_a_signal_during_the_wait_for_a_write_is_handled_at_once(tmp_path, monkeypatch):
     acc, _, _ = trained(tmp_path)

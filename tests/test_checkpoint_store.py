@@ -136,6 +136,7 @@ def test_commit_replaces_an_existing_folder_and_temporaries_are_cleaned(tmp_path
     assert not leftover.exists() and sorted(p.name for p in root.iterdir()) == ["checkpoint_0"]
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("point", ["before-manifest", "before-rename"])
 def test_a_save_killed_midway_leaves_the_previous_checkpoints_intact(tmp_path, point):
@@ -156,6 +157,7 @@ def test_a_save_killed_midway_leaves_the_previous_checkpoints_intact(tmp_path, p
     assert store.next_save_number(root) == 1
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(60)
 def test_cleanup_leaves_a_live_writers_temporary_folder_alone(tmp_path):
     root = tmp_path / "checkpoints"

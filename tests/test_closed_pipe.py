@@ -77,6 +77,7 @@ def test_each_write_path_drops_its_output_to_a_closed_pipe(closed_pipe, path):
     safe.flush()
 
 
+@pytest.mark.signals
 def test_the_signal_handlers_raw_message_drops_on_a_closed_pipe(closed_pipe):
     fd, _ = closed_pipe
     write_raw(fd, "\nSIGINT: stopping after the current step and saving a checkpoint\n")  # no BrokenPipeError
@@ -96,6 +97,7 @@ def test_hydras_own_output_to_a_closed_stdout_is_no_error(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr[-2000:]
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(180)
 def test_ctrl_c_through_tee_saves_the_checkpoint_and_exits_130(tmp_path):
     run = tmp_path / "run"

@@ -14,6 +14,7 @@ from tests.conftest import run_app
 pytestmark = [pytest.mark.multiprocess]
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(150)
 def test_a_stopped_rank_is_named_and_killed_after_the_collective_timeout(tmp_path):
     proc = run_app("hardware=multi_cpu", "hardware.num_processes=2", "hardware.collective_timeout_s=5",

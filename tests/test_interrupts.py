@@ -93,6 +93,7 @@ def interrupted_step(proc: subprocess.CompletedProcess[str], run_dir: Path) -> i
     return step
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(420)  # five runs; under heavy load each can take a minute
 def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp_path):
     run = tmp_path / "run"
@@ -126,6 +127,7 @@ def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp
     assert steps == list(range(1, target + 1))  # each step logged once across the three processes
 
 
+@pytest.mark.signals
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)  # five runs; under heavy load each can take a minute
 def test_a_signal_to_the_launcher_one_rank_or_all_stops_both_at_one_step_and_resumes_exactly(tmp_path):
@@ -164,6 +166,7 @@ def start_app(*args: str) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(300)
 def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_complete_checkpoints(tmp_path):
     run = tmp_path / "run"
@@ -244,6 +247,7 @@ def wait_for_line(proc: subprocess.Popen[str], text: str) -> str:
     return seen
 
 
+@pytest.mark.signals
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_a_signal_during_setup_stops_with_one_sentence_and_changes_nothing(tmp_path):
@@ -315,6 +319,7 @@ def run_script(source: str) -> subprocess.CompletedProcess[str]:
                           cwd=Path(__file__).resolve().parents[1])
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(120)
 def test_two_ctrl_c_during_one_long_c_call_are_two_and_exit_at_once():
     done = run_script(TWO_PRESSES_DURING_C_CODE)
@@ -332,6 +337,7 @@ def test_a_forked_childs_signals_are_not_counted_as_the_parents():
     assert "second interrupt" not in done.stderr
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(300)
 def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
     # The terminal's Ctrl-C reaches the DataLoader's worker processes too (forked, with the training
@@ -352,6 +358,7 @@ def processes_in_group(pgid: int) -> list[int]:
     return [pid for pid, fields in process_table().items() if int(fields[2]) == pgid and fields[0] != "Z"]
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(300)
 def test_a_second_ctrl_c_with_dataloader_workers_ends_every_process_at_once(tmp_path):
     run = tmp_path / "run"

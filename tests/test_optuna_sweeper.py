@@ -200,6 +200,7 @@ def test_sweeper_settings_that_cannot_work_are_one_sentence(tmp_path: Path) -> N
 
 # -- as a user runs it -----------------------------------------------------------------------------------------
 
+@pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_pruned_sweep_stops_its_bad_trial_then_resumes_after_a_kill_without_rerunning_a_trial(tmp_path: Path) -> None:

@@ -91,6 +91,7 @@ def killed_during_background_write(cwd: Path, root: Path, run: Path, *args: str)
     assert any(p.name.startswith(f".tmp-checkpoint_{number}-") for p in root.iterdir())
 
 
+@pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_anywhere_and_resumed_ends_bitwise_identical(tmp_path):

@@ -152,6 +152,7 @@ def test_one_process_checkpoint_resumes_on_two_processes(tmp_path, kind):
     assert [two[0]["seen"][s] + two[1]["seen"][s] for s in range(MORE)] == seen
 
 
+@pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_app_on_two_processes_killed_mid_save_resumes_exactly(tmp_path):

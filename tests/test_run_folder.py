@@ -61,6 +61,7 @@ def test_a_used_run_folder_is_never_clobbered(tmp_path):
     assert "overwrite" not in (run / ".hydra" / "overrides.yaml").read_text()
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(200)
 def test_a_live_run_holds_its_folder_and_a_killed_one_lets_go(tmp_path):
     run = tmp_path / "run"

@@ -140,6 +140,7 @@ def test_a_failing_task_ends_the_sweep_with_its_sentence(slurm: SlurmCluster, tm
     assert ended - time.mktime(time.strptime(training.group(1), "%Y-%m-%d %H:%M:%S")) < 60
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(400)
 def test_scontrol_requeue_then_scancel_usr1_save_requeue_and_resume_by_themselves(slurm: SlurmCluster,
                                                                                    tmp_path: Path) -> None:
@@ -172,6 +173,7 @@ def test_scontrol_requeue_then_scancel_usr1_save_requeue_and_resume_by_themselve
     assert weights(run) == weights(reference)
 
 
+@pytest.mark.signals
 @pytest.mark.timeout(300)
 def test_past_max_num_timeout_the_job_ends_with_its_checkpoint_and_the_resume_command(slurm: SlurmCluster,
                                                                                      tmp_path: Path) -> None:

@@ -151,6 +151,7 @@ def kill_sweep_during_job(cwd: Path, job: Path, *args: str) -> None:
     assert proc.wait(timeout=60) == -signal.SIGKILL, "the sweep ended before its third job could be killed"
 
 
+@pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_killed_grid_sweep_resumes_skipping_finished_jobs_and_ends_like_an_uninterrupted_one(tmp_path: Path) -> None:
