@@ -55,11 +55,11 @@ class HeldWrites:
         self.reached, self.go = threading.Event(), threading.Event()
         original = store.fault_point
 
-        def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
+        def fault_point(point: str, save_number: int, path: Path | None = None, step: int | None = None) -> None:
             if point == "files" and threading.current_thread() is not threading.main_thread():
                 self.reached.set()
                 assert self.go.wait(30)
-            original(point, save_number, path)
+            original(point, save_number, path, step)
 
         monkeypatch.setattr(store, "fault_point", fault_point)
 

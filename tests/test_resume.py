@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,8 +66,8 @@ def killed_from_outside(cwd: Path, root: Path, *args: str) -> None:
 
 def killed_during_background_write(cwd: Path, root: Path, run: Path, *args: str) -> None:
     """SIGKILL while a checkpoint is written in the background (checkpoint.async_save, the default):
-    its write is held halfway on the writer thread, training goes on (a log line after the save), then
-    the kill. The checkpoint being written never counts; the one before it stays the newest."""
+    its write is held halfway on the writer thread, training goes on (a log line after the save's
+    step), then the kill. The checkpoint being written never counts; the one before it stays the newest."""
     number = next_save_number(root) + 1  # the second save of this process
     err = cwd / "held.err"
     with err.open("wb") as stderr:
@@ -74,11 +75,14 @@ def killed_during_background_write(cwd: Path, root: Path, run: Path, *args: str)
                                 stderr=stderr, env={**os.environ, FAULT_ENV: f"hold:{number}"})
     try:
         deadline = time.monotonic() + 180
-        while HOLD_MESSAGE not in err.read_text(errors="replace"):
+        said = re.compile(rf"{HOLD_MESSAGE} \(save {number}, step (\d+),")
+        while (held := said.search(err.read_text(errors="replace"))) is None:
             assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
             time.sleep(0.01)
-        logged_before = max(e["step"] for e in events(run))
-        while max(e["step"] for e in events(run)) <= logged_before:  # the loop trains on meanwhile
+        # The writer thread may say so only after the loop has logged past the save (a busy machine):
+        # wait for a line after the save's own step, not for one after the message.
+        held_step = int(held.group(1))
+        while max(e["step"] for e in events(run)) <= held_step:  # the loop trains on meanwhile
             assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-2000:]
             time.sleep(0.01)
         assert not (root / f"checkpoint_{number}").exists()

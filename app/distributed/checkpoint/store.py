@@ -483,11 +483,12 @@ written), ``before-manifest``, ``before-rename`` or ``before-rotate``; ``disk-fu
 write after half the files fail with ENOSPC instead (for machines where a test cannot mount a small
 tmpfs); ``hold`` makes that save wait for ever after half the files, in Python, so signal handlers run
 (a test's second Ctrl-C always lands inside a checkpoint write), saying so on stderr with
-:data:`HOLD_MESSAGE`. Unset in normal use."""
+:data:`HOLD_MESSAGE`, the save's number and, where its metadata gives it, its training step
+(``checkpoint write held halfway (save 4, step 28, <folder>)``). Unset in normal use."""
 HOLD_MESSAGE = "checkpoint write held halfway"
 
 
-def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
+def fault_point(point: str, save_number: int, path: Path | None = None, step: int | None = None) -> None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
@@ -503,7 +504,8 @@ def fault_point(point: str, save_number: int, path: Path | None = None) -> None:
     if wanted == "hold" and point == "files":
         import time
 
-        os.write(2, f"{HOLD_MESSAGE} (save {save_number}, {path})\n".encode())
+        at_step = f", step {step}" if step is not None else ""
+        os.write(2, f"{HOLD_MESSAGE} (save {save_number}{at_step}, {path})\n".encode())
         while True:
             time.sleep(0.05)
 

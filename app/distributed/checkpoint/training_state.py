@@ -243,7 +243,7 @@ def _write_checkpoint(backend: Backend, collectives: WriterCollectives, pending:
         written: dict[str, WrittenFile | Path] = {}
         for i, item in enumerate(pending):
             if main and i == model_files:
-                store.fault_point("files", number, temporary)
+                store.fault_point("files", number, temporary, (metadata or {}).get("step"))
             written.update(item.write())
         # Durable before the manifest names them; hashed from memory while the disk flushes.
         digests = finish(written)
