@@ -19,12 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, RunConfig
+from app.config import ConfigError, HardwareKind, RunConfig
 from app.configure import validate
 from app.console import details_to_log_file, in_parallel_job
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.processes import run_on_processes, start_worker_server
 from app.run_folder import write_hydra_record
+from app.tasks.hub_kernels import choose_hub_kernels
 from app.worker_processes import WorkerFailed, call_blaming_the_cause
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     from app.launching.slurm import requeued, srun_rank
 
     adopt_slurm_layout()  # a submitit job does not pass through app.__main__
+    choose_hub_kernels(on_xla=cfg.hardware.kind is HardwareKind.tpu)  # before any model loads, in any process
     if cfg.resume is None and requeued(os.environ):
         log.info("SLURM requeued this job: resume=auto (its newest valid checkpoint, if any)")
         cfg.resume = "auto"
