@@ -1,10 +1,11 @@
 """Hub kernels (``USE_HUB_KERNELS``): transformers 5.25+ kernelizes every ``from_pretrained`` model by
-default, fetching layers from the Hub and re-kernelizing at each ``model.train()`` — which raises on an
-XLA device. The app turns it off unless the user asks, and always on ``hardware=tpu``.
+default, fetching layers from the Hub and kernelizing again at each ``model.train()`` — which raises on
+an XLA device. The app turns it off unless the user asks, and always on ``hardware=tpu``.
 
-In-process: the choice for each environment; a model the app's loaders build after it is not
-kernelized, where transformers alone would kernelize it. ``hardware=tpu`` end to end (a model that
-trains on XLA with ``kernels`` installed) is tests/test_xla.py's MRPC run.
+In-process: the default for each environment, the kinds whose devices refuse Hub kernels, and a model
+the app's loader builds after the default is not kernelized where transformers alone would kernelize
+it. ``hardware=tpu`` end to end (asked for, kept off, and the model trains on XLA with ``kernels``
+installed) is tests/test_xla.py's MRPC run.
 """
 
 from __future__ import annotations
@@ -14,47 +15,47 @@ import logging
 import pytest
 import torch
 
-from app.tasks.hub_kernels import ENV, choose_hub_kernels
+from app.distributed.hardware import SPECS
+from app.launching.hub_kernels import ENV, hub_kernels_off_by_default, keep_hub_kernels_off
 from tests.tiny_llama import make_tiny_llama
 
 
-def test_off_unless_the_user_asks():
+def test_off_unless_the_user_set_it():
     environ: dict[str, str] = {}
-    assert choose_hub_kernels(on_xla=False, environ=environ) is False
-    assert environ[ENV] == "NO"
+    hub_kernels_off_by_default(environ)
+    assert environ == {ENV: "NO"}
 
 
-@pytest.mark.parametrize("value", ["YES", "yes", "1", "on", "true"])
-def test_a_users_yes_is_kept_off_xla(value):
+@pytest.mark.parametrize("value", ["YES", "yes", "1", "on", "true", "0", "no"])
+def test_the_users_own_setting_is_kept(value):
     environ = {ENV: value}
-    assert choose_hub_kernels(on_xla=False, environ=environ) is True
-    assert environ[ENV] == value
+    hub_kernels_off_by_default(environ)
+    assert environ == {ENV: value}
 
 
-def test_a_users_no_is_kept():
-    environ = {ENV: "0"}
-    assert choose_hub_kernels(on_xla=False, environ=environ) is False
-    assert environ[ENV] == "0"
+def test_only_the_xla_kind_refuses_them():
+    assert {kind: spec.runs_hub_kernels for kind, spec in SPECS.items()} == {
+        "tpu": False, "multi_cpu": True, "multi_gpu": True, "fsdp": True, "gpu": True, "cpu": True}
 
 
-def test_on_xla_they_stay_off_even_when_asked_and_the_log_says_why(caplog):
+def test_where_refused_they_stay_off_even_when_asked_and_the_log_says_why(caplog):
     environ = {ENV: "YES"}
-    with caplog.at_level(logging.WARNING, logger="app.tasks.hub_kernels"):
-        assert choose_hub_kernels(on_xla=True, environ=environ) is False
-    assert environ[ENV] == "NO"
+    with caplog.at_level(logging.WARNING, logger="app.launching.hub_kernels"):
+        keep_hub_kernels_off("tpu", environ)
+    assert environ == {ENV: "NO"}
     assert [r.getMessage() for r in caplog.records] == [
-        ("USE_HUB_KERNELS=YES ignored: Hub kernels do not run on XLA devices (hardware=tpu); the model keeps its "
+        ("USE_HUB_KERNELS=YES ignored: Hub kernels do not run on hardware=tpu's devices; the model keeps its "
          "PyTorch layers.")]
 
 
-def test_quietly_off_on_xla_when_not_asked(caplog):
+def test_where_refused_and_not_asked_nothing_is_said(caplog):
     environ: dict[str, str] = {}
-    with caplog.at_level(logging.WARNING, logger="app.tasks.hub_kernels"):
-        assert choose_hub_kernels(on_xla=True, environ=environ) is False
-    assert environ[ENV] == "NO" and caplog.records == []
+    with caplog.at_level(logging.WARNING, logger="app.launching.hub_kernels"):
+        keep_hub_kernels_off("tpu", environ)
+    assert environ == {ENV: "NO"} and caplog.records == []
 
 
-def test_a_model_the_app_loads_after_the_choice_is_not_kernelized(tmp_path, monkeypatch):
+def test_a_model_the_app_loads_after_the_default_is_not_kernelized(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
     from app.tasks.causal_lm.config import CausalLMConfig
@@ -71,7 +72,7 @@ def test_a_model_the_app_loads_after_the_choice_is_not_kernelized(tmp_path, monk
     monkeypatch.delenv(ENV)
     assert load_model(cfg, tokenizer).use_kernels is True  # transformers' own default: the test can fail
 
-    choose_hub_kernels(on_xla=False)
+    hub_kernels_off_by_default()
     model = load_model(cfg, tokenizer)
     assert model.use_kernels is False
     model.train()  # what raised on XLA: with kernels off it kernelizes nothing

@@ -303,7 +303,7 @@ def test_glue_mrpc_on_xla_in_bf16_pads_to_fixed_shapes_and_gathers_every_validat
             # Asked for, Hub kernels stay off on XLA (transformers 5.25+ would kernelize at model.train(),
             # which the kernels library refuses for an 'xla' device), and the log says so.
             env={"USE_HUB_KERNELS": "YES"}, cwd=tmp_path, check=True, timeout=480)
-    assert "USE_HUB_KERNELS=YES ignored: Hub kernels do not run on XLA devices" in (run_dir / "app.log").read_text()
+    assert "USE_HUB_KERNELS=YES ignored: Hub kernels do not run on hardware=tpu's devices" in (run_dir / "app.log").read_text()
     evals = [e for e in events(run_dir) if "eval/f1" in e]
     assert [e["step"] for e in evals] == [2, 4] and all(e["eval/num_samples"] == expected for e in evals)
     assert xla_report(run_dir).endswith("CPU fallback ops: none"), xla_report(run_dir)

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, HardwareKind, RunConfig
+from app.config import ConfigError, RunConfig
 from app.configure import validate
 from app.console import details_to_log_file, in_parallel_job
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
+from app.launching.hub_kernels import hub_kernels_off_by_default, keep_hub_kernels_off
 from app.launching.processes import run_on_processes, start_worker_server
 from app.run_folder import write_hydra_record
-from app.tasks.hub_kernels import choose_hub_kernels
 from app.worker_processes import WorkerFailed, call_blaming_the_cause
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     from app.launching.slurm import requeued, srun_rank
 
     adopt_slurm_layout()  # a submitit job does not pass through app.__main__
-    choose_hub_kernels(on_xla=cfg.hardware.kind is HardwareKind.tpu)  # before any model loads, in any process
+    hub_kernels_off_by_default()  # before the fork server starts: the workers inherit this environment
     if cfg.resume is None and requeued(os.environ):
         log.info("SLURM requeued this job: resume=auto (its newest valid checkpoint, if any)")
         cfg.resume = "auto"
@@ -82,12 +82,15 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     if world is None and cfg.hardware.num_processes > 1:
         start_worker_server()  # imports on another core while this process imports torch to validate
     validate(cfg, launched=(world, local_world) if world is not None else None)
+    from app.distributed.hardware import hardware_spec
+
+    spec = hardware_spec(cfg.hardware.kind)
+    if not spec.runs_hub_kernels:
+        keep_hub_kernels_off(spec.kind)
     if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
         from app.config_tree import show_config
 
         show_config(cfg)
-    from app.distributed.hardware import hardware_spec
-
     if world is not None:
         run = engine_run()
         # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder

@@ -29,6 +29,9 @@ class DeviceOps:
     fused_optimizers: bool = True
     """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this device's parameters
     (on CPU one fused AdamW step is ~7x faster than torch's default per-parameter loop)."""
+    hub_kernels: bool = True
+    """Whether the Hugging Face ``kernels`` library (transformers' Hub kernels, opt-in in the app:
+    ``app/launching/hub_kernels.py``) runs on this device type."""
     pinned_memory: bool = False
     """Whether host buffers for copies from this device may be pinned (page-locked), so that the copy
     runs at full bus speed (an asynchronous checkpoint's copy of the state)."""

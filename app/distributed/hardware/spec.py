@@ -36,6 +36,12 @@ class HardwareSpec:
     compiles: bool = True
     """Whether ``torch.compile`` works on this kind (``trainer.compile=true``)."""
 
+    @property
+    def runs_hub_kernels(self) -> bool:
+        """Whether transformers' Hub kernels (the ``kernels`` library) run on every device type this
+        kind may use."""
+        return all(ops.hub_kernels for ops in self.devices)
+
     # -- checks, before any process group exists ------------------------------------------------------
     def probe(self) -> Visible:
         """Count what this kind needs from the machine (cheap; no process group, no device init)."""

@@ -70,6 +70,7 @@ class XlaOps(DeviceOps):
     collective_backend = "gloo"  # between hosts, for objects; device tensors need none under SPMD
     precisions = frozenset({"no", "bf16"})
     fused_optimizers = False  # torch's fused kernels exist for CPU and CUDA only
+    hub_kernels = False  # kernels' kernelize() raises "Unsupported device type 'xla'"
     reads_lag = True
 
     def local_device(self, local_rank: int) -> torch.device:
