@@ -19,6 +19,7 @@ Torch-free: the launcher uses it before any heavy import.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -90,8 +91,29 @@ def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
 
 def _exit_at_once(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT:
-        write_raw(2, "\nsecond interrupt: exiting now\n")
-        os._exit(128 + signum)
+        exit_now(signum, "\nsecond interrupt: exiting now\n")
+
+
+def exit_now(signum: int, message: str, end_children: bool = True) -> None:
+    """Say ``message`` and exit with 128 + ``signum`` at once, without unwinding.
+
+    ``end_children``: SIGKILL this process's multiprocessing children (its DataLoader workers) first.
+    A worker hands each batch's tensors over as file descriptors (multiprocessing's resource sharer,
+    torch's default sharing strategy); an exit that cuts that handshake made the worker's sharer thread
+    print a ConnectionResetError traceback on the terminal, once the prompt was back. Killed first, a
+    worker writes nothing more. A launcher leaves its ranks to end themselves (the terminal's Ctrl-C
+    reaches them too, and each ends its own workers). Called in the main thread (a signal handler)."""
+    write_raw(2, message)
+    if end_children:
+        import multiprocessing
+
+        # torch's DataLoader raises from its SIGCHLD handler when a worker dies: not this time.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for child in multiprocessing.active_children():
+            if child.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(child.pid, signal.SIGKILL)
+    os._exit(128 + signum)
 
 
 class StopSignals:
@@ -141,8 +163,7 @@ class StopSignals:
         if self.signum is not None:
             if signum == signal.SIGINT:
                 # A second Ctrl-C: the user does not want to wait for the checkpoint.
-                write_raw(2, "\nsecond interrupt: exiting now, without a checkpoint\n")
-                os._exit(128 + signum)
+                exit_now(signum, "\nsecond interrupt: exiting now, without a checkpoint\n", end_children=not self.forward)
             return
         self.signum = signum
         if self.forward and self.stop_file is not None:

@@ -353,6 +353,51 @@ def test_ctrl_c_with_dataloader_workers_is_said_once_and_saves(tmp_path):
     interrupted_step(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), run)
 
 
+# DataLoader workers hand each tensor of a batch over as a file descriptor (torch's default sharing
+# strategy, through multiprocessing's resource sharer: a connection and a handshake per tensor). With
+# 64 tensors a batch the main process is nearly always inside such a handshake when the second Ctrl-C
+# exits it: before the workers were killed first, their sharer thread printed a ConnectionResetError
+# traceback in 19 of 20 tries.
+FD_BATCHES = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+from app.interrupts import StopSignals
+
+class ManyTensors(Dataset):
+    def __len__(self):
+        return 10**9
+    def __getitem__(self, i):
+        return [torch.zeros(4) for _ in range(64)]
+
+loader = DataLoader(ManyTensors(), batch_size=None, num_workers=2)
+with StopSignals():
+    for n, batch in enumerate(loader):
+        if n == 5:
+            print("ready", flush=True)
+"""
+
+
+@pytest.mark.signals
+@pytest.mark.timeout(180)
+def test_a_second_ctrl_c_while_a_batch_arrives_from_the_workers_prints_no_worker_traceback():
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", FD_BATCHES], cwd=Path(__file__).resolve().parents[1],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        assert proc.stdout.readline().strip() == "ready", proc.communicate(timeout=30)
+        group = processes_in_group(proc.pid)
+        assert len(group) >= 3, group  # the script and its two workers
+        deadline = time.monotonic() + 60
+        for press in range(2):
+            os.killpg(proc.pid, signal.SIGINT)
+            if press == 0:
+                for pid in group:
+                    wait_until_delivered(pid, signal.SIGINT, deadline)
+        _, err = proc.communicate(timeout=60)  # until every writer of the pipes (the workers too) is gone
+        assert proc.returncode == 130, err[-3000:]
+        assert err.rstrip().endswith("second interrupt: exiting now, without a checkpoint"), err[-3000:]
+        assert "Traceback" not in err and "Error" not in err, err[-3000:]
+
+
 def processes_in_group(pgid: int) -> list[int]:
     """The live processes of a process group (a terminal's job): the run and its DataLoader workers."""
     return [pid for pid, fields in process_table().items() if int(fields[2]) == pgid and fields[0] != "Z"]
