@@ -106,7 +106,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
         from torch.distributed.elastic.multiprocessing.errors import record
 
         return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, record_config))
-    workers = hardware_spec(cfg.hardware.kind).local_workers(cfg.hardware)
+    workers = spec.local_workers(cfg.hardware)
     if workers == 0:
         return engine_run()(cfg, run_dir, record_config)
     with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
