@@ -210,6 +210,31 @@ def m_backward_kwargs(tmp_path: Path) -> None:
     acc.backward(loss)  # possible only because the first backward kept the graph
 
 
+def m_backward_num_items(tmp_path: Path) -> None:
+    """Summed losses with their items: the accumulated gradient is the mean over the step's 8 samples,
+    however unevenly the micro-batches hold them (3 micro-batches of 1, 2 and 5), as one batch of 8 gives
+    (where the loss is divided before its backward, not the gradients after)."""
+    x, y = torch.linspace(-1, 1, 8).unsqueeze(1), torch.arange(8) % 2
+
+    def gradient(sizes: list[int]) -> torch.Tensor:
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=len(sizes))
+        net = acc.prepare(model())
+        acc.prepare(torch.optim.SGD(net.parameters(), lr=0.1))
+        start = 0
+        for size in sizes:
+            with acc.accumulate(net):
+                losses = nn.functional.cross_entropy(net(x[start:start + size]), y[start:start + size], reduction="none")
+                acc.backward(losses.sum(), num_items=size if size != 2 else torch.tensor(size))  # int or tensor
+                start += size
+        return net.weight.grad.clone()
+
+    mean = gradient([8])
+    plain = model()
+    nn.functional.cross_entropy(plain(x), y).backward()
+    assert torch.allclose(mean, plain.weight.grad, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(gradient([1, 2, 5]), mean, rtol=1e-6, atol=1e-7)
+
+
 def m_clip_grad_norm_norm_type(tmp_path: Path) -> None:
     acc = Accelerator(cpu=True)
     weight = nn.Parameter(torch.zeros(2))
@@ -422,6 +447,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "__init__.seed": c_seed,
     "autocast.autocast_handler": m_autocast_handler,
     "backward.kwargs": m_backward_kwargs,
+    "backward.num_items": m_backward_num_items,
     "clip_grad_norm_.norm_type": m_clip_grad_norm_norm_type,
     "get_state_dict.unwrap": m_get_state_dict_unwrap,
     "get_tracker.unwrap": m_get_tracker_unwrap,

@@ -74,8 +74,11 @@ def test_an_old_run_resumes_and_trains_on_to_the_same_weights(tmp_path):
     for name in old:
         torch.testing.assert_close(new[name], old[name], rtol=1e-5, atol=1e-6)
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [3, 6]  # the step-3 line kept, step 6 logged once more
-    assert metrics[1]["eval/loss"] == pytest.approx(old_metrics[1]["eval/loss"], rel=1e-5)
+    # The step-3 line kept; then the training loss of steps 4-6 (the run ends before its next log
+    # step, so its last window is logged at the end) and step 6's evaluation once more.
+    assert [(m["step"], "train/loss" in m, "eval/loss" in m) for m in metrics] == [
+        (3, False, True), (6, True, False), (6, False, True)]
+    assert metrics[2]["eval/loss"] == pytest.approx(old_metrics[1]["eval/loss"], rel=1e-5)
     assert json.loads((run / "result.json").read_text())["steps"] == 6
 
 

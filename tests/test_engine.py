@@ -46,7 +46,7 @@ class ScriptedDigits(DigitsTask):
         if model.training:
             self.train_steps += 1
             if self.nan_from_step is not None and self.train_steps >= self.nan_from_step:
-                out.loss = out.loss * math.nan
+                out.sample_losses = out.sample_losses * math.nan
         return out
 
 
@@ -172,8 +172,9 @@ def test_where_reads_lag_each_training_line_is_read_a_step_later_with_the_same_v
     run_fit(tmp_path / "now", lambda c: ScriptedDigits(c, [0.5] * 5), *overrides, "seed=0")
     _, lagging = run_fit_reading_late(tmp_path / "late", lambda c: ScriptedDigits(c, [0.5] * 5), *overrides, "seed=0")
     # Each log step's read is asked for after the next optimizer step, or before the evaluation of
-    # the same step (step 10, 20), or at the end of training (no step 25).
-    assert lagging.reads == [(5, 6), (10, 10), (15, 16), (20, 20)]
+    # the same step (step 10, 20), or at the end of training: the unfinished window of steps 21-23
+    # is logged at step 23.
+    assert lagging.reads == [(5, 6), (10, 10), (15, 16), (20, 20), (23, 23)]
     # The lines are the same as where they are read at once: same steps, losses, order with the
     # evaluations (a new running sum after each read, not the old one zeroed under the reader).
     assert without_throughput(metrics_rows(tmp_path / "late")) == without_throughput(metrics_rows(tmp_path / "now"))

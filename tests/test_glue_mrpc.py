@@ -316,11 +316,11 @@ def test_training_step_and_metrics(make_cfg):
     losses = []
     for _ in range(15):  # a few steps on one batch: the tiny model must be able to fit it
         out = task.step(model, batch)
-        assert out.logits.shape == (8, 2) and out.labels is batch["labels"] and out.loss.dim() == 0
+        assert out.logits.shape == (8, 2) and out.labels is batch["labels"] and out.mean_loss().dim() == 0
         optimizer.zero_grad()
-        out.loss.backward()
+        out.mean_loss().backward()
         optimizer.step()
-        losses.append(out.loss.item())
+        losses.append(out.mean_loss().item())
     assert losses[-1] < losses[0]
 
     model.eval()
@@ -346,15 +346,15 @@ def test_label_smoothing_changes_the_training_loss_only(make_cfg):
     with torch.no_grad():
         model.classifier.bias.copy_(torch.tensor([1.5, -1.5]))
         plain = plain_task.step(model, batch)
-        assert smooth_task.step(model, batch).loss.item() == pytest.approx(plain.loss.item())  # eval: plain
+        assert smooth_task.step(model, batch).mean_loss().item() == pytest.approx(plain.mean_loss().item())  # eval: plain
         model.training = True  # the task sees training mode; the dropout layers stay off
         smooth = smooth_task.step(model, batch)
     labels = batch["labels"]
     log_p = torch.log_softmax(plain.logits.float(), dim=-1)
     # Target 0.9 on the gold class, 0.1 on the other: -(0.8 log p_gold + 0.1 (log p_0 + log p_1)).
     expected = -(0.8 * log_p.gather(1, labels[:, None]).squeeze(1) + 0.1 * log_p.sum(dim=1)).mean()
-    assert smooth.loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    assert smooth.loss.item() != pytest.approx(plain.loss.item())
+    assert smooth.mean_loss().item() == pytest.approx(expected.item(), rel=1e-5)
+    assert smooth.mean_loss().item() != pytest.approx(plain.mean_loss().item())
     with pytest.raises(ConfigError, match="task.label_smoothing must be in"):
         TextClassificationTask(make_cfg(label_smoothing=1.0))
 
@@ -414,7 +414,7 @@ def test_mean_pooling_ignores_padding_and_trains_every_parameter(make_cfg):
     assert batch["attention_mask"].min() == 0  # some rows were padded
     torch.testing.assert_close(together, alone)
     model.train()
-    task.step(model, batch).loss.backward()
+    task.step(model, batch).mean_loss().backward()
     # No unused parameter (BERT's pooler is dropped): DDP would otherwise wait for its gradient.
     assert all(p.grad is not None for p in model.parameters())
 
@@ -441,7 +441,7 @@ def test_symmetric_eval_averages_both_orders_of_each_pair(make_cfg):
                      "labels": batch["labels"]}
         torch.testing.assert_close(task.predict(model, exchanged), out.logits)
     torch.testing.assert_close(out.logits, expected)
-    torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(expected, batch["labels"]))
+    torch.testing.assert_close(out.mean_loss(), torch.nn.functional.cross_entropy(expected, batch["labels"]))
     assert not torch.allclose(model(**ab).logits.log_softmax(-1), expected)  # the orders did disagree
     # The test split gets both orders too, so its predictions are the evaluated ones.
     assert "swapped_input_ids" in task.test_dataset().column_names

@@ -105,8 +105,10 @@ def make_tiny_glue_tsv(
     return folder
 
 
-def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600, seed: int = 0) -> Path:
-    """Build a WordPiece vocabulary from ``sentences``; save a BertTokenizerFast and a tiny random BERT."""
+def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600, seed: int = 0,
+                   dropout: float = 0.1) -> Path:
+    """Build a WordPiece vocabulary from ``sentences``; save a BertTokenizerFast and a tiny random BERT
+    (``dropout``: its hidden and attention dropout; 0 for a model whose training is deterministic)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
@@ -152,6 +154,8 @@ def make_tiny_bert(folder: Path, sentences: list[str], vocab_size: int = 600, se
         max_position_embeddings=128,
         num_labels=2,
         pad_token_id=tokenizer.pad_token_id,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
     )
     folder = Path(folder)
     tokenizer.save_pretrained(folder)

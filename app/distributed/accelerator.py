@@ -61,6 +61,7 @@ from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, register_accelerator
 from app.distributed.step_flags import StepFlag
+from app.distributed.step_items import StepItems, scale_gradients
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from app.run_layout import checkpoints_dir
 
@@ -142,6 +143,8 @@ class Accelerator(ProcessControl):
         self._save_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._load_state_pre_hooks: OrderedDict[int, Callable[..., Any]] = OrderedDict()
         self._checkpoint_writer = BackgroundWriter()
+        self._step_items = StepItems(self.backend)
+        """The items back-propagated in the optimizer step being accumulated (``backward(num_items=...)``)."""
         self._state = AcceleratorState.of(self)
         register_accelerator(self)
 
@@ -353,11 +356,43 @@ class Accelerator(ProcessControl):
         return _skip_first_batches(dataloader, num_batches)
 
     # -- training step --------------------------------------------------------------------------------
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()`` with the loss divided by the accumulation steps and, for fp16, scaled."""
-        if self.gradient_accumulation_steps > 1:
-            loss = loss / self.gradient_accumulation_steps
+    def backward(self, loss: torch.Tensor, num_items: torch.Tensor | int | None = None, **kwargs: Any) -> None:
+        """``loss.backward()`` with the loss divided by the accumulation steps and, for fp16, scaled.
+
+        ``num_items`` (ours, not Accelerate's): ``loss`` is the *sum* of the losses of that many items
+        (tokens, samples; an int, or a 0-d tensor on the device, which is never read on the host), and
+        the gradients of the optimizer step come out as the mean over all its items: every micro-batch
+        of the accumulation window, on every process. At the micro-batch that closes the step
+        (``sync_gradients``) the items are summed across processes once and the gradients divided by
+        them, before any clipping (``step_items.py``). Use it for every micro-batch of a step, or for none.
+
+        >>> with accelerator.accumulate(model):
+        ...     logits = model(batch["input_ids"]).logits[:, :-1]
+        ...     targets = batch["labels"][:, 1:]
+        ...     loss = F.cross_entropy(logits.transpose(1, 2), targets, reduction="sum")  # -100: ignored
+        ...     accelerator.backward(loss, num_items=(targets != -100).sum())
+        """
+        if num_items is None:
+            if self.gradient_accumulation_steps > 1:
+                loss = loss / self.gradient_accumulation_steps
+            self.precision.backward(loss, **kwargs)
+            return
+        items, closes_step = self._step_items, self.gradient_state.sync_gradients
+        alone = items.empty and closes_step  # the step is this micro-batch: divide the loss, not the gradients
+        items.add(num_items)
+        if alone:
+            self.precision.backward(loss * items.take_scale(), **kwargs)
+            return
         self.precision.backward(loss, **kwargs)
+        if closes_step:
+            scale_gradients(self._gradients(), items.take_scale())
+
+    def _gradients(self) -> list[torch.Tensor]:
+        """The gradients the prepared optimizers step with (those of the prepared models when no
+        optimizer is prepared)."""
+        parameters = ([p for o in self._optimizers for group in o.optimizer.param_groups for p in group["params"]]
+                      or [p for model in self._models for p in model.parameters()])
+        return [p.grad for p in parameters if p.grad is not None]
 
     def accumulate(self, *models: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Run one micro-step: gradients are synchronised and the optimizer really steps only every

@@ -49,6 +49,13 @@ class Backend:
     def distributed_type(self) -> str:
         return "NO"
 
+    @property
+    def gradient_replicas(self) -> int:
+        """How many processes' gradients this backend averages in backward: 1 here (and on XLA SPMD,
+        whose loss is already the whole global batch's); DDP and FSDP2 average every process's. An
+        item-normalised backward multiplies by it to undo that mean (``step_items.py``)."""
+        return 1
+
     static_shapes: bool = False
     """Whether every step must see tensors of the same shapes (a compiling backend such as XLA): the
     data loaders then pad their last batch to full size and tasks pad sequences to a fixed length."""

@@ -76,6 +76,11 @@ class TorchDistributedBackend(Backend):
     timeout_s: float = 600.0
     """How long a collective waits for a peer (the process group's timeout; the checkpoint writers' too)."""
 
+    @property
+    def gradient_replicas(self) -> int:
+        """DDP all-reduces and FSDP2 reduce-scatters gradients as a mean over every process."""
+        return self.num_processes
+
     # -- collectives ----------------------------------------------------------------------------------
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate along dim 0. Ranks may hold different dim-0 sizes (the last batch of an uneven

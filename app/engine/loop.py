@@ -31,7 +31,7 @@ from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
-from app.tasks.base import SummedMetrics, Task
+from app.tasks.base import StepOutput, SummedMetrics, Task
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,11 @@ class LoopState:
     last_eval_step: int = -1
     last_metrics: dict[str, float] = field(default_factory=dict)
     loss_sum: float | torch.Tensor = 0.0
-    """Training loss summed since the last log line: a device tensor while training (no host sync per
-    step), a float in a checkpoint, so the first loss logged after a resume is the uninterrupted one."""
+    """Training loss summed since the last log line (over items, or micro-batch means for a task that
+    gives a mean: see ``summed_loss``): a device tensor while training (no host sync per step), a float
+    in a checkpoint, so the first loss logged after a resume is the uninterrupted one."""
+    loss_items: float | torch.Tensor = 0.0
+    """The items (or micro-batches) summed in loss_sum, this process's; kept like loss_sum."""
     loss_batches: int = 0
     """Micro-batches summed in loss_sum."""
     non_finite_loss_step: int | None = None
@@ -62,9 +65,11 @@ class LoopState:
     """The signal (SIGINT, SIGTERM) that stopped training, agreed by every process."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "loss_sum": float(self.loss_sum)}
+        return {**asdict(self), "loss_sum": float(self.loss_sum), "loss_items": float(self.loss_items)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "loss_items" not in state:  # a checkpoint from before item-weighted losses: micro-batch means
+            state = {**state, "loss_items": float(state.get("loss_batches", 0))}
         for key, value in state.items():
             setattr(self, key, value)
 
@@ -74,10 +79,8 @@ class LogWindow(NamedTuple):
 
     step: int
     reading: HostRead
-    """The loss summed over the window's micro-batches (mean over processes), then the tokens drawn
-    in it where the task counts them (``Accelerator.read_async``)."""
-    loss_batches: int
-    """Micro-batches summed into the loss (a resumed window counts those before the resume too)."""
+    """The loss summed over the window and the items (or micro-batches) it sums, on all processes, then
+    the tokens drawn in it where the task counts them (``Accelerator.read_async``)."""
     batches: int
     """Micro-batches this run trained in the window: its throughput."""
     seconds: float
@@ -144,6 +147,22 @@ class Components:
     def evaluation_weights(self) -> contextlib.AbstractContextManager[None]:
         """The weights to evaluate and export: the average when there is one, else the model's own."""
         return self.weight_average.applied() if self.weight_average is not None else contextlib.nullcontext()
+
+
+def summed_loss(acc: Accelerator, out: StepOutput) -> tuple[torch.Tensor, torch.Tensor | int | None]:
+    """A micro-batch's loss as training uses it: the sum over its real samples' items and their number
+    (the duplicates that complete an epoch's last global batch left out), which ``Accelerator.backward``
+    normalises by the items of the whole optimizer step; or, from a task that gives only a mean, that
+    mean and None (micro-batches weigh alike)."""
+    if out.sample_losses is None:
+        assert out.loss is not None  # StepOutput takes one of the two
+        return out.loss, None
+    losses = acc.local_for_metrics(out.sample_losses)
+    items = out.sample_items
+    if isinstance(items, torch.Tensor):
+        return losses.sum(), acc.local_for_metrics(items).sum()
+    assert items is not None
+    return losses.sum(), items * losses.shape[0]
 
 
 def steps_per_epoch(num_batches: int, accumulation: int) -> int:
@@ -297,11 +316,13 @@ def train(run: Training) -> None:
         for batch in run.epoch_batches():
             with acc.accumulate(model):
                 sync = acc.sync_gradients  # decided for this micro-batch by accumulate
-                out = task.step(model, batch)
-                acc.backward(out.loss)
+                loss, items = summed_loss(acc, task.step(model, batch))
+                # The step's gradient: the mean over all its items, across micro-batches and processes.
+                acc.backward(loss, num_items=items)
                 # Summed on the device (no host sync per step), before the optimizer step: on a lazy
-                # device the sum is then part of the step's graph, which a log step reads a step later.
-                state.loss_sum += out.loss.detach()
+                # device the sums are then part of the step's graph, which a log step reads a step later.
+                state.loss_sum += loss.detach()
+                state.loss_items += 1 if items is None else items
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()
@@ -349,6 +370,7 @@ class Training:
         self.saves_at_step: Callable[[int], bool] = getattr(checkpoints, "saves_at_step", lambda step: True)
         # On the device while training (a checkpoint reads the partial window from the state).
         state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
+        state.loss_items = torch.tensor(float(state.loss_items), device=acc.device)
         # The logging window: since when, and from which of state.loss_batches (a resumed window began
         # before this run).
         self.window_start, self.window_first_batch = time.perf_counter(), state.loss_batches
@@ -390,6 +412,8 @@ class Training:
         logged = state.global_step % self.log_every == 0
         if logged:
             self.log_training_loss(state.global_step)
+        elif state.global_step >= self.total_steps:
+            self.log_unfinished_window()  # the run's last line: before its step's evaluation
         if self.eval_every is not None and state.global_step % self.eval_every == 0:
             self.checkpoints.on_step_end(state, self.evaluate())
             return True
@@ -424,6 +448,8 @@ class Training:
         then the budget."""
         state = self.state
         if self.epoch_consumed():
+            if self.stop is None and self.budget_spent(epochs=state.epoch + 1):
+                self.log_unfinished_window()  # the run's last line: before the epoch's evaluation, in its epoch
             state.epoch += 1
             state.batches_in_epoch = 0
             if self.stop is None:
@@ -441,6 +467,10 @@ class Training:
             return bool(self.c.train_loader.pass_finished)
         return self.state.batches_in_epoch >= self.batches_per_epoch
 
+    def budget_spent(self, epochs: int) -> bool:
+        """Whether trainer.max_steps or trainer.max_epochs is used up after ``epochs`` whole epochs."""
+        return self.state.global_step >= self.total_steps or 0 < self.max_epochs <= epochs
+
     def check_budget(self) -> None:
         """Stop when trainer.max_steps, else trainer.max_epochs, is used up (max_epochs <= 0 leaves
         the end to max_steps; the config refuses runs with neither)."""
@@ -451,28 +481,42 @@ class Training:
         elif 0 < self.max_epochs <= self.state.epoch:
             self.stop_for(StopReason.max_epochs, max_epochs=self.max_epochs)
 
-    def log_training_loss(self, step: int) -> None:
+    def log_training_loss(self, step: int, keep_window: bool = False) -> None:
         """Close the logging window: start reading its summed loss (and tokens) on the host, and write
-        its line now, or one step later where reads lag (:attr:`late_log`)."""
+        its line now, or one step later where reads lag (:attr:`late_log`). ``keep_window``: see
+        :meth:`log_unfinished_window`."""
         acc, state = self.acc, self.state
-        loss_sum = state.loss_sum
-        assert isinstance(loss_sum, torch.Tensor)  # on the device while training (see __init__)
+        loss_sum, loss_items = state.loss_sum, state.loss_items
+        assert isinstance(loss_sum, torch.Tensor) and isinstance(loss_items, torch.Tensor)  # see __init__
         # Reduced only when there is more than one process, and divided on the host: this step runs
         # with cold caches, where each tensor op and call costs several times its warm price.
-        summed = acc.reduce(loss_sum, reduction="mean") if self.several_processes else loss_sum
+        sums = acc.reduce(torch.stack((loss_sum, loss_items))).unbind() if self.several_processes \
+            else (loss_sum, loss_items)
         tokens = self.throughput.take_tokens()
-        reading = acc.read_async(summed) if tokens is None else acc.read_async(summed, tokens)
-        state.loss_sum = torch.zeros_like(loss_sum)  # a new sum: the last one is the reader's
-        window = LogWindow(step, reading, state.loss_batches, state.loss_batches - self.window_first_batch,
+        reading = acc.read_async(*sums) if tokens is None else acc.read_async(*sums, tokens)
+        window = LogWindow(step, reading, state.loss_batches - self.window_first_batch,
                            time.perf_counter() - self.window_start, state.epoch,
                            # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
                            max(self.c.scheduler.get_last_lr()))
-        state.loss_batches = 0
         if acc.reads_lag:
+            self.write_late_log()  # a window closed at once after another (the run's end) keeps its line
             self.late_log = window
         else:
             self.write_log(*window)
+        if keep_window:
+            self.window_first_batch = state.loss_batches  # logged up to here
+            return
+        # New sums: the last ones are the reader's.
+        state.loss_sum, state.loss_items = torch.zeros_like(loss_sum), torch.zeros_like(loss_items)
+        state.loss_batches = 0
         self.window_start, self.window_first_batch = time.perf_counter(), 0
+
+    def log_unfinished_window(self) -> None:
+        """The line of the steps trained since the last log line, where training ends before the next
+        log step (its end, a stop signal): written, but the window's sums stay in the state, so that a
+        run resumed from the final checkpoint goes on with the window as if it had never stopped."""
+        if self.state.loss_batches > self.window_first_batch:
+            self.log_training_loss(self.state.global_step, keep_window=True)
 
     def write_late_log(self) -> bool:
         """Write the line :meth:`log_training_loss` left for later, if any; whether there was one."""
@@ -482,17 +526,17 @@ class Training:
         self.write_log(*window)
         return True
 
-    def write_log(self, step: int, reading: HostRead, loss_batches: int, batches: int, seconds: float,
-                  epoch: int, lr: float) -> None:
-        """A window's line (the fields of a :class:`LogWindow`): the mean training loss, the learning
-        rate and the throughput (samples/s, tokens/s, MFU: ``app.engine.throughput``); a loss that is
-        not finite is recorded, and stops training with stop_on_nan."""
+    def write_log(self, step: int, reading: HostRead, batches: int, seconds: float, epoch: int, lr: float) -> None:
+        """A window's line (the fields of a :class:`LogWindow`): the training loss (the mean over the
+        window's items), the learning rate and the throughput (samples/s, tokens/s, MFU:
+        ``app.engine.throughput``); a loss that is not finite is recorded, and stops training with
+        stop_on_nan."""
         values = reading.result()
-        loss = values[0] / loss_batches
+        loss = values[0] / max(values[1], 1)  # no items (every label masked): no loss to speak of
         train_metrics = {
             "train/loss": loss,
             "train/lr": lr,
-            **self.throughput.window(batches, seconds, values[1] if len(values) > 1 else None),
+            **self.throughput.window(batches, seconds, values[2] if len(values) > 2 else None),
             "epoch": epoch,
         }
         self.acc.log(train_metrics, step=step)
@@ -501,7 +545,7 @@ class Training:
             state = self.state
             if state.non_finite_loss_step is None:
                 state.non_finite_loss_step = step
-            if self.stop_on_nan:
+            if self.stop_on_nan and self.stop is not StopReason.non_finite_loss:  # the first one names the stop
                 self.stop_for(StopReason.non_finite_loss, loss=loss, step=step)
                 self.acc.set_trigger()
 
@@ -533,6 +577,7 @@ class Training:
             self.stop_for(reason)
 
     def close(self) -> None:
+        self.log_unfinished_window()  # unless the epoch's end wrote it
         self.write_late_log()
         if self.signals is not None:
             self.signals.close()  # the last step's flag (a signal then is read by fit's final agreement)

@@ -57,12 +57,50 @@ NO_OUTPUTS = torch.empty(0)
 
 @dataclass
 class StepOutput:
-    loss: torch.Tensor
-    """Mean loss over the batch (a 0-d tensor): what training back-propagates."""
+    """What one forward pass gives the engine: the loss to train on and, for evaluation, the outputs
+    and targets that ``compute_metrics`` reads.
+
+    The loss comes in one of two forms. **Per sample with its items** (``sample_losses`` and
+    ``sample_items``): each sample's loss summed over its items (a language model's predicted tokens,
+    a classifier's one sample, a multi-label classifier's label cells), and how many items that is.
+    The engine then trains on the sum over every item of the optimizer step divided by their number,
+    across gradient accumulation and processes (the duplicates that complete an epoch's last global
+    batch left out): an update does not change with how the step's batch is split. **A mean**
+    (``loss`` alone): every micro-batch weighs alike, its mean loss divided by the accumulation steps
+    and averaged over the processes (Accelerate's rule); right when all micro-batches hold the same
+    number of items, approximate otherwise.
+
+    >>> losses = F.cross_entropy(logits, y, reduction="none")      # one per sample
+    >>> StepOutput(sample_losses=losses, sample_items=1, logits=logits, labels=y)
+    """
+
+    loss: torch.Tensor | None = None
+    """The batch's mean loss, a 0-d tensor; None when ``sample_losses`` is given (the engine sums those)."""
     logits: torch.Tensor = NO_OUTPUTS
     """One row per sample: the model's outputs that ``compute_metrics`` reads (any trailing shape)."""
     labels: torch.Tensor = NO_OUTPUTS
     """One entry (or row) per sample: the targets that ``compute_metrics`` reads."""
+    sample_losses: torch.Tensor | None = None
+    """One entry per sample (1-d, on the batch's device): the sum of that sample's item losses."""
+    sample_items: torch.Tensor | int | None = None
+    """The items each of ``sample_losses`` sums: a 1-d tensor with one count per sample (tokens), or one
+    number for every sample (1: samples). A 0-d count on the device is never read on the host."""
+
+    def __post_init__(self) -> None:
+        if (self.loss is None) == (self.sample_losses is None):
+            raise ValueError("StepOutput takes either loss (the batch's mean) or sample_losses (with sample_items).")
+        if self.sample_losses is not None and self.sample_items is None:
+            raise ValueError("StepOutput(sample_losses=...) needs sample_items: how many items each sample's loss sums.")
+
+    def mean_loss(self) -> torch.Tensor:
+        """This batch's loss per item (0-d): what a one-batch step trains on, in either form."""
+        if self.sample_losses is None:
+            assert self.loss is not None
+            return self.loss
+        items = self.sample_items
+        assert items is not None  # see __post_init__
+        total = items.sum() if isinstance(items, torch.Tensor) else items * self.sample_losses.numel()
+        return self.sample_losses.sum() / total
 
 
 class TaskRuntime(Protocol):

@@ -65,7 +65,9 @@ class DigitsTask:
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         x, y = batch
         logits = model(x)
-        return StepOutput(loss=F.cross_entropy(logits, y), logits=logits, labels=y)
+        # Per sample, one item each: the engine averages over the samples of the whole optimizer step.
+        return StepOutput(sample_losses=F.cross_entropy(logits, y, reduction="none"), sample_items=1,
+                          logits=logits, labels=y)
 
     def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         return classification_metrics(logits, labels, f1_average="macro")

@@ -118,19 +118,15 @@ class CausalLMTask:
         return model
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
-        """The model's own loss: the mean over the batch's predicted tokens (labels -100 are skipped)."""
-        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"],
-                    use_cache=False)
-        return StepOutput(loss=out.loss)
+        """Per row, the summed loss of its predicted tokens and their number: the engine averages over
+        the tokens of the whole optimizer step, so a short row's tokens weigh what a long row's do."""
+        losses, tokens = row_token_losses(model, batch)
+        return StepOutput(sample_losses=losses, sample_items=tokens)
 
     def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per sample: the summed loss of its predicted tokens (each token predicts the next) and their count."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"),
-                       use_cache=False).logits
-        targets = batch["labels"][:, 1:]
-        losses = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets, ignore_index=IGNORE_INDEX,
-                                 reduction="none")
-        return {"loss_sum": losses.sum(dim=1), "tokens": (targets != IGNORE_INDEX).sum(dim=1)}
+        losses, tokens = row_token_losses(model, batch)
+        return {"loss_sum": losses, "tokens": tokens}
 
     def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
         loss = sums["loss_sum"] / max(sums["tokens"], 1)
@@ -165,3 +161,14 @@ class CausalLMTask:
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(folder)
+
+
+def row_token_losses(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's next-token losses summed over its predicted tokens (labels -100 are not predicted),
+    and how many tokens that is. The labels are shifted, not the logits (as transformers' own loss does):
+    the vocabulary-sized logits are read in place, never copied for a shift."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
+    targets = F.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)  # position t predicts token t + 1
+    losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
+                             reduction="none").view_as(targets)
+    return losses.sum(dim=1), (targets != IGNORE_INDEX).sum(dim=1)

@@ -232,18 +232,22 @@ class TextClassificationTask:
         return load_model(self.cfg.model, self.label_set(), self.cfg.pooling)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
+        """Per-sample losses, averaged by the engine over the optimizer step's items: samples, or for
+        multi_label each sample's label cells (one binary decision each, as a mean over cells weighs them)."""
         logits = self.predict(model, batch)
         labels = batch["labels"]
         problem = self.label_set().problem
+        items = 1
         if problem is Problem.regression:
-            loss = F.mse_loss(logits.float().squeeze(-1), labels.float())
+            losses = F.mse_loss(logits.float().squeeze(-1), labels.float(), reduction="none")
         elif problem is Problem.multi_label:
-            loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+            cells = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
+            losses, items = cells.sum(dim=-1), cells.shape[-1]
         else:
             # Smoothing regularises training; evaluation keeps the plain loss so eval/loss compares across runs.
             smoothing = self.cfg.label_smoothing if model.training else 0.0
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
-        return StepOutput(loss=loss, logits=logits, labels=labels)
+            losses = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing, reduction="none")
+        return StepOutput(sample_losses=losses, sample_items=items, logits=logits, labels=labels)
 
     def tokens_in_batch(self, batch: Any) -> torch.Tensor:
         """The batch's non-padding tokens (``CountsTokens``): its attention mask's sum, on its device

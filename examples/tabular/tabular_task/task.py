@@ -84,7 +84,9 @@ class TabularTask:
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         x, y = batch
         logits = model(x)
-        return StepOutput(loss=F.cross_entropy(logits, y), logits=logits, labels=y)
+        # One loss per sample: the engine averages over the samples of the whole optimizer step.
+        return StepOutput(sample_losses=F.cross_entropy(logits, y, reduction="none"), sample_items=1,
+                          logits=logits, labels=y)
 
     def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """Over the whole evaluation set, gathered from every process: loss, accuracy, macro-F1."""
