@@ -64,6 +64,11 @@ def default_backend(cpu: bool) -> Backend:
                                              collective_timeout_s=600.0))
 
 
+def current_backend() -> Backend | None:
+    """The live backend, or None before any ``Accelerator()`` or ``PartialState()`` (nothing is created)."""
+    return _LIVE.backend
+
+
 def live_accelerator() -> Accelerator | None:
     return _LIVE.accelerator() if _LIVE.accelerator is not None else None
 
