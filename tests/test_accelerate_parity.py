@@ -189,3 +189,26 @@ def test_logging_before_any_state_raises_accelerates_error() -> None:
         get_logger("parity").info("too early")
     Accelerator(cpu=True)
     get_logger("parity").info("fine now")
+
+
+def test_the_names_no_trainer_scripts_import_resolve_module_for_module() -> None:
+    """Transformers' no_trainer scripts (v4.49) import these, from accelerate, accelerate.logging and
+    accelerate.utils; Accelerate's DeepSpeed example also imports its placeholders."""
+    import accelerate
+
+    from app.distributed import DistributedType
+    from app.distributed.logging import get_logger
+    from app.distributed.utils import DummyOptim, DummyScheduler, ProjectConfiguration
+
+    assert sorted(m.name for m in DistributedType) == sorted(m.name for m in accelerate.DistributedType)
+    assert not hasattr(DistributedType, "TPU")  # XLA since Accelerate 1.0, there and here
+    assert callable(get_logger) and ProjectConfiguration().total_limit is None
+    acc = Accelerator(cpu=True)
+    # The scripts pick a real optimizer when there is no DeepSpeed config; a placeholder is refused.
+    assert acc.state.deepspeed_plugin is None
+    model = torch.nn.Linear(2, 2)
+    placeholder = DummyOptim(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="DummyOptim, a placeholder for what a DeepSpeed config defines"):
+        acc.prepare(model, placeholder)
+    with pytest.raises(TypeError, match="pass a torch LR scheduler"):
+        acc.prepare(DummyScheduler(placeholder, total_num_steps=10))

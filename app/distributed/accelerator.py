@@ -57,6 +57,7 @@ from app.distributed.hardware.kinds import DistributedType
 from app.distributed.hardware.peak_flops import compute_type, peak_flops
 from app.distributed.host_reads import HostRead
 from app.distributed.operations import recursively_apply
+from app.distributed.placeholders import refuse_placeholder
 from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, register_accelerator
@@ -219,6 +220,8 @@ class Accelerator(ProcessControl):
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for the {len(args)} objects "
                              "passed; give one per object.")
+        for obj in args:
+            refuse_placeholder(obj)
         replaced: dict[int, nn.Parameter] = {}
         result: list[Any] = list(args)
         for i, obj in enumerate(args):

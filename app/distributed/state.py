@@ -177,6 +177,9 @@ class AcceleratorState(PartialState):
         ``join_uneven_inputs`` reads it); it changes nothing else."""
         self._distributed_type = DistributedType(value) if value != super().distributed_type else None
 
+    deepspeed_plugin: None = None
+    """Accelerate's DeepSpeed settings: there is no DeepSpeed here (scripts test it for None)."""
+
     @property
     def mixed_precision(self) -> str:
         accelerator = self._owner()
