@@ -49,7 +49,7 @@ from app.distributed.configuration import (
     ProjectConfiguration,
 )
 from app.distributed.connector import connect
-from app.distributed.data import DataLoaderShard, GradientState, shard_dataloader
+from app.distributed.data import DataLoaderShard, GradientState, draw_generator_seed, shard_dataloader
 from app.distributed.data import skip_first_batches as _skip_first_batches
 from app.distributed.data_stream import ShardedStream, StreamLoaderShard
 from app.distributed.functional import pad_with, reduce_with
@@ -57,6 +57,7 @@ from app.distributed.hardware.kinds import DistributedType
 from app.distributed.hardware.peak_flops import compute_type, peak_flops
 from app.distributed.host_reads import HostRead
 from app.distributed.operations import recursively_apply
+from app.distributed.placeholders import refuse_placeholder
 from app.distributed.precision import Precision, unscale_all
 from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, register_accelerator
@@ -222,6 +223,8 @@ class Accelerator(ProcessControl):
         elif len(device_placement) != len(args):
             raise ValueError(f"device_placement has {len(device_placement)} entries for the {len(args)} objects "
                              "passed; give one per object.")
+        for obj in args:
+            refuse_placeholder(obj)
         replaced: dict[int, nn.Parameter] = {}
         result: list[Any] = list(args)
         for i, obj in enumerate(args):
@@ -290,12 +293,11 @@ class Accelerator(ProcessControl):
         self._schedulers.append(wrapped)
         return wrapped
 
-    def data_seed(self) -> int:
-        """A seed identical on every rank: the one given, else drawn on rank 0 and broadcast."""
-        if self._seed is None:
-            drawn = int(torch.randint(0, 2**31 - 1, (1,)).item())
-            self._seed = int(self.backend.broadcast_object(drawn, src=0))
-        return self._seed
+    def _generator_seed(self) -> int:
+        """The seed of the generator a shuffling sampler gets on several processes when it has none:
+        one int64 drawn from the global torch RNG, as Accelerate draws it (so the same ``set_seed``
+        gives the same batches per rank), rank 0's value on every rank. Drawn again for each loader."""
+        return int(self.backend.broadcast_object(draw_generator_seed(), src=0))
 
     def _order_seed(self) -> int | None:
         """The seed the prepared loaders shuffle from, or None to follow the user's sampler."""
@@ -336,8 +338,9 @@ class Accelerator(ProcessControl):
                 seed=self._order_seed(),
                 even_batches=config.even_batches,
                 split_batches=config.split_batches,
-                agreed_seed=self.data_seed,
+                agreed_seed=self._generator_seed,
                 synchronize=self._synchronize_generator if "generator" in self.rng_types else None,
+                own_rng=self._seed is not None,
                 fixed_shapes=self.static_shapes,
                 place=place,
                 prefetch=self.backend.prefetch_depth,

@@ -15,12 +15,18 @@ the same way even on one process, so every batch of every loader has the full si
 
 Where the order comes from. With a data seed (``Accelerator(seed=...)``, as the engine passes, or
 ``DataLoaderConfiguration(use_seedable_sampler=True)``) each epoch's permutation is drawn from
-``seed + epoch``, and iterating never draws from the global torch RNG: a run resumed mid-epoch
-consumes random numbers exactly as the uninterrupted run did. Without one (Accelerate's default)
-the order is whatever the user's sampler yields at each pass, so one process sees exactly the order
-of the plain DataLoader; on several processes the sampler's generator is made common to all ranks
-(rank 0's state, at every pass). Either way a finished pass moves to the next epoch, so a shuffled
-loader reshuffles without ``set_epoch`` (which still selects an epoch explicitly).
+``seed + epoch``. Without one (Accelerate's default) the order is whatever the user's sampler yields
+at each pass, so one process sees exactly the order of the plain DataLoader; on several processes a
+shuffling sampler without a generator gets one, seeded as Accelerate seeds it (one int64 drawn from
+the global torch RNG when the loader is prepared), and its state is made common to all ranks (rank
+0's, at every pass). Either way a finished pass moves to the next epoch, so a shuffled loader
+reshuffles without ``set_epoch`` (which still selects an epoch explicitly).
+
+Random numbers a pass consumes. As a plain DataLoader (and Accelerate), each pass draws its workers'
+base seed: one number from the user's ``generator=``, else from the global torch RNG, shuffled or
+not. Only ``own_rng`` (the Accelerator's ``seed=``, which the engine passes) gives the loader its own
+generator, reseeded from ``(seed, epoch)`` at every pass, so iterating never draws from the global
+RNG and a run resumed mid-epoch consumes random numbers exactly as the uninterrupted run did.
 
 A user's own batch sampler (``DataLoader(batch_sampler=...)``, or ``sampler=BatchSampler(...),
 batch_size=None``) is kept: its batches are dealt to the ranks in turn (Accelerate's
@@ -305,6 +311,13 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 yield step[r]
 
 
+def draw_generator_seed() -> int:
+    """One seed drawn from the global torch RNG exactly as Accelerate draws the seed of a shuffling
+    sampler's generator on several processes (a full-range int64), so the same ``set_seed`` gives
+    the same order."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
 def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Move every tensor in a (nested) batch to ``device``; other leaves stay as they are."""
     return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), obj, error_on_other=False)
@@ -480,6 +493,7 @@ def shard_dataloader(
     split_batches: bool,
     agreed_seed: Callable[[], int] | None = None,
     synchronize: Callable[[torch.Generator], None] | None = None,
+    own_rng: bool = False,
     fixed_shapes: bool = False,
     place: Callable[[Any], Any] | None = None,
     prefetch: int = 0,
@@ -487,8 +501,11 @@ def shard_dataloader(
     """Rebuild a user's DataLoader around a :class:`ShardedBatchSampler` (same dataset, collate_fn,
     workers). ``seed``: shuffle from ``seed + epoch`` (a RandomSampler becomes a
     SeedableRandomSampler, a LengthGroupedSampler the same shuffle grouped by length); None: follow
-    the user's sampler at each pass. On several processes ``agreed_seed`` gives the sampler a common
-    generator when it has none, and ``synchronize`` copies rank 0's generator state at every pass."""
+    the user's sampler at each pass. On several processes ``agreed_seed`` (called once per loader
+    whose shuffling sampler has no generator) seeds a generator for it, and ``synchronize`` copies
+    rank 0's generator state at every pass. ``own_rng`` (with a ``seed``): the loader's worker seeds
+    come from its own generator, reseeded from ``(seed, epoch)`` at every pass, instead of the plain
+    DataLoader's one draw per pass from the user's generator or the global RNG."""
     batch_source = user_batch_sampler(loader)
     sampler = user_sampler(loader)
     lengths = sampler.lengths if isinstance(sampler, LengthGroupedSampler) else None
@@ -511,8 +528,9 @@ def shard_dataloader(
         if synchronize is not None and owner.generator is not None:
             before_pass = functools.partial(synchronize, owner.generator)
     own_generator = None
-    if (follow is None and batch_source is None) or isinstance(follow, SeedableRandomSampler):
-        # Seeded order: the DataLoader gets its own generator (worker seeds), not the global RNG.
+    if own_rng and seed is not None and ((follow is None and batch_source is None)
+                                         or isinstance(follow, SeedableRandomSampler)):
+        # The engine's seeded order: worker seeds from (seed, epoch), nothing drawn from the global RNG.
         generator = own_generator = torch.Generator()
     per_pass_len = len(follow) if follow is not None else len(loader.dataset)  # type: ignore[arg-type]
     batch_size = loader.batch_size if loader.batch_size is not None else getattr(batch_source, "batch_size", None) or 1

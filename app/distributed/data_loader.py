@@ -12,6 +12,7 @@ from app.distributed.data import (
     DataLoaderShard,
     GradientState,
     SeedableRandomSampler,
+    draw_generator_seed,
     send_to_device,
     shard_dataloader,
 )
@@ -45,7 +46,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
         int(backend.broadcast_object(torch.initial_seed(), src=0)) if use_seedable_sampler else None)
 
     def agreed_seed() -> int:
-        return int(backend.broadcast_object(int(torch.randint(0, 2**31 - 1, (1,)).item()), src=0))
+        return int(backend.broadcast_object(draw_generator_seed(), src=0))
 
     def synchronize(generator: torch.Generator) -> None:
         generator.set_state(backend.broadcast(generator.get_state(), 0))

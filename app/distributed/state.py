@@ -64,6 +64,11 @@ def default_backend(cpu: bool) -> Backend:
                                              collective_timeout_s=600.0))
 
 
+def current_backend() -> Backend | None:
+    """The live backend, or None before any ``Accelerator()`` or ``PartialState()`` (nothing is created)."""
+    return _LIVE.backend
+
+
 def live_accelerator() -> Accelerator | None:
     return _LIVE.accelerator() if _LIVE.accelerator is not None else None
 
@@ -171,6 +176,9 @@ class AcceleratorState(PartialState):
         """Accelerate scripts overwrite it to make their Accelerator act as another kind (its
         ``join_uneven_inputs`` reads it); it changes nothing else."""
         self._distributed_type = DistributedType(value) if value != super().distributed_type else None
+
+    deepspeed_plugin: None = None
+    """Accelerate's DeepSpeed settings: there is no DeepSpeed here (scripts test it for None)."""
 
     @property
     def mixed_precision(self) -> str:

@@ -98,6 +98,7 @@ from app.distributed.hardware.kinds import DistributedType, RNGType
 from app.distributed.launchers import notebook_launcher
 from app.distributed.local_sgd import LocalSGD
 from app.distributed.memory import find_executable_batch_size
+from app.distributed.placeholders import DummyOptim, DummyScheduler
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.random import set_seed
 from app.distributed.state import live_backend
@@ -123,6 +124,8 @@ __all__ = [
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "GradientAccumulationPlugin",
     "KwargsHandler",
     "LocalSGD",
