@@ -194,7 +194,12 @@ class Accelerator(ProcessControl):
         >>> accelerator.peak_flops()   # on an H100 SXM in bf16
         989400000000000.0
         """
-        kind = compute_type(self.mixed_precision, torch.get_float32_matmul_precision())
+        with warnings.catch_warnings():
+            # torch 2.9 warns, once per process, that this getter's TF32 settings will change after 2.9
+            # (nothing a user of the run can act on; it was the one Python warning on hardware=tpu's terminal).
+            warnings.filterwarnings("ignore", message="Please use the new API settings to control TF32")
+            matmul_precision = torch.get_float32_matmul_precision()
+        kind = compute_type(self.mixed_precision, matmul_precision)
         return peak_flops(self.backend.ops.device_name(self.device), kind)
 
     @property
