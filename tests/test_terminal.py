@@ -118,7 +118,9 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
     log_file = tmp_path / "run.log"
     with log_file.open("w") as out:  # python -m app ... > run.log 2>&1
         proc = subprocess.run([sys.executable, "-m", "app", "hydra.run.dir=run", "trainer.max_epochs=2",
-                               "logging.trackers=[]", "checkpoint.total_limit=1", "checkpoint.keep_best=false"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                               "logging.trackers=[]", "checkpoint.total_limit=1", "checkpoint.keep_best=false",
+                               # The last weights exported: no best evaluation's weights keep a checkpoint.
+                               "checkpoint.export=last"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=110, check=False)
     text = log_file.read_text()
     assert proc.returncode == 0, text[-3000:]
