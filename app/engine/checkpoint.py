@@ -4,9 +4,12 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
-  the best by ``early_stopping.monitor`` with ``keep_best``. With ``checkpoint.async_save`` a save
-  copies the state and training goes on while it is written; rotation runs once it is complete, and
-  the end of training (an interrupt included) waits for it.
+  the best by ``early_stopping.monitor`` with ``keep_best``, plus those holding a best evaluation's
+  weights still needed. With ``checkpoint.export=best`` an evaluation that improves on the best keeps
+  its weights, in ``checkpoints/best_<step>`` when no checkpoint of its step holds them
+  (``app.engine.best_weights``). With ``checkpoint.async_save`` a save copies the state and training
+  goes on while it is written; rotation runs once it is complete, and the end of training (an
+  interrupt included) waits for it.
 - :meth:`CheckpointPolicy.resume` restores ``resume=<path>|auto``: weights, optimizer, scheduler,
   RNG states, data position and loop state, so the run continues bit for bit; ``metrics.jsonl`` is
   cut back to what it held at the checkpoint and TensorBoard hides the later events.
@@ -200,7 +203,7 @@ class CheckpointPolicy:
         for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder, keep_steps=needed):
             log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
                       self.cfg.total_limit)
-        if self.best is not None:
+        if self.best is not None:  # asked again: a checkpoint just rotated away may have recorded an older best
             self.best.prune(self.best.needed_steps(self.stopper.best_step))
 
     # -- resume --------------------------------------------------------------------------------------
