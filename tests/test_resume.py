@@ -4,6 +4,7 @@ codes matter, runs are real ``python -m app`` subprocesses; the rest call ``app.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -117,7 +118,13 @@ def test_killed_anywhere_and_resumed_ends_bitwise_identical(tmp_path):
     # Numbering continued as if the run had never stopped (Accelerate restarts at 0 after a resume).
     kept = [(m.save_number, m.step) for _, m in complete_checkpoints(root)]
     assert kept == [(m.save_number, m.step) for _, m in complete_checkpoints(reference / "checkpoints")]
-    assert kept[-1][0] == 13 and len(kept) == 2
+    # The total_limit=2 newest, and those holding a best evaluation's weights (an epoch's evaluation, at
+    # step 45 or 90) that the export reads or that a kept checkpoint records as its run's best (its resume
+    # would export them).
+    best_step = json.loads((reference / "result.json").read_text())["best_step"]
+    recorded = {m.extra["best_step"] for _, m in complete_checkpoints(root)}
+    assert recorded <= {45, 90} and kept[-1][0] == 13
+    assert [step for _, step in kept] == sorted({84, 90, best_step} | recorded)
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
     assert not (tmp_path / "outputs").exists()  # every resume wrote into the original run folder
 

@@ -74,6 +74,9 @@ def test_an_optuna_trial_stopped_after_its_best_says_what_it_trained_and_what_it
     markdown = (sweep / "sweep.md").read_text()
     best_job = trials[TIES].name  # eval/loss is highest untrained
     assert f"**Best: job {best_job}** (optim.lr={TIES}): eval/loss = " in markdown and "at step 10." in markdown
+    # ... and what its model/ holds: that evaluation's weights, and where they were kept (issue 41).
+    assert "at step 10. Its `model/` holds the weights of that evaluation (`checkpoints/checkpoint_0`)." in markdown
+    assert markdown.count("| best (step 10) |") == 2, markdown
 
 
 @pytest.mark.timeout(240)

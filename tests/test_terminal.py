@@ -118,7 +118,9 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
     log_file = tmp_path / "run.log"
     with log_file.open("w") as out:  # python -m app ... > run.log 2>&1
         proc = subprocess.run([sys.executable, "-m", "app", "hydra.run.dir=run", "trainer.max_epochs=2",
-                               "logging.trackers=[]", "checkpoint.total_limit=1", "checkpoint.keep_best=false"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
+                               "logging.trackers=[]", "checkpoint.total_limit=1", "checkpoint.keep_best=false",
+                               # The last weights exported: no best evaluation's weights keep a checkpoint.
+                               "checkpoint.export=last"], stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
                               env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=110, check=False)
     text = log_file.read_text()
     assert proc.returncode == 0, text[-3000:]
@@ -172,3 +174,52 @@ def test_a_parallel_optuna_sweep_shows_one_line_per_job_start_and_end(tmp_path):
         log = (tmp_path / "sweep" / str(job) / "app.log").read_text()
         assert "├── trainer" in log and re.search(r"train: \d+/\d+ steps", log) and "eval/accuracy=" in log
     assert all(line.startswith(("[", "job ", "EXIT=")) for line in lines), screen  # whole lines only
+
+
+RELAYED = """
+import os, signal, sys, time, warnings
+from app.console import native_stderr_to_log, protect_output
+
+protect_output()
+with native_stderr_to_log(["GSPMD sharding propagation", "Failed to deserialize"], sys.argv[1], "torch_xla"):
+    # What torch_xla's C++ writes, straight to fd 2: two notices and a real error.
+    os.write(2, b"W sharding_propagation.cc:3120] GSPMD sharding propagation is going to be deprecated\\n")
+    os.write(2, b"E pjrt_computation_client.cc:1] a real XLA error\\n")
+    os.write(2, b"W pjrt_computation_client.cpp:694] Failed to deserialize executable: UNIMPLEMENTED\\n")
+    warnings.warn("a Python warning, on the terminal as ever")
+    print(f"stderr is a terminal: {sys.stderr.isatty()}", file=sys.stderr, flush=True)
+
+    def dying(signum, frame):
+        os.write(2, b"F check failed after Ctrl-C: the last words of a dying process\\n")
+        os.abort()  # no atexit, no flush: only a reader outside this process can still pass the line on
+
+    signal.signal(signal.SIGINT, dying)
+    print("waiting for Ctrl-C", file=sys.stderr, flush=True)
+    while True:
+        time.sleep(0.05)
+"""
+
+
+@pytest.mark.signals
+@pytest.mark.timeout(60)
+def test_native_notices_go_to_the_log_and_a_real_error_reaches_the_terminal_even_from_a_dying_process(tmp_path):
+    """hardware=tpu's terminal shows our lines: torch_xla's C++ notices (written to fd 2 by native
+    code) go to app.log, while any other line, a real error written just before an abort() included,
+    still reaches the terminal; the relay that sorts them outlives the terminal's Ctrl-C."""
+    (tmp_path / "relayed.py").write_text(RELAYED)
+    log = tmp_path / "app.log"
+    command = f"PYTHONPATH={REPO} {sys.executable} relayed.py {log}"
+    with Terminal(tmp_path, command) as term:
+        assert "waiting for Ctrl-C" in term.wait_for("waiting for Ctrl-C", 30), term.screen()
+        term.send_keys("C-c")
+        screen = term.wait_for("the last words of a dying process", 30)
+        screen = term.wait_for("EXIT=", 30) if "EXIT=" not in screen else screen
+    assert "E pjrt_computation_client.cc:1] a real XLA error" in screen, screen
+    assert "F check failed after Ctrl-C: the last words of a dying process" in screen, screen
+    assert "UserWarning: a Python warning, on the terminal as ever" in screen
+    assert "stderr is a terminal: True" in screen  # progress bars stay bars
+    assert "GSPMD" not in screen and "deserialize" not in screen, screen
+    assert "EXIT=134" in screen, screen  # SIGABRT
+    kept = log.read_text().splitlines()
+    assert len(kept) == 2 and all(LOG_LINE.match(line) and "][torch_xla][WARNING] - W " in line for line in kept), kept
+    assert "GSPMD sharding propagation" in kept[0] and "Failed to deserialize executable" in kept[1]

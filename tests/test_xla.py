@@ -413,3 +413,57 @@ def test_a_packed_causal_lm_compiles_nothing_new_after_its_first_epochs(tmp_path
     assert sorted(graphs) == [1, 2, 3, 4] and graphs[4] == graphs[2], graphs
     losses = [m["eval/loss"] for _, _, m in recorder.at.values()]
     assert losses[-1] < losses[0]
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_headline_command_exports_its_best_evaluation_and_its_terminal_shows_our_lines_only(tmp_path):
+    """``python -m app task=glue_mrpc hardware=tpu precision=bf16 … trainer.max_steps=30
+    trainer.eval_every_n_steps=15`` in a terminal (issue 41): the best evaluation (step 15, between the
+    epoch's checkpoints) is what ``model/`` holds, byte for byte the export of the same run with a
+    checkpoint at step 15 (which holds that evaluation's weights; a run stopped at 15 is no reference
+    on XLA: its last step is another graph, and XLA may fuse it otherwise); and the terminal shows our
+    lines only: torch_xla's C++ notices (GSPMD's deprecation at every compile, the compile cache's
+    "Failed to deserialize executable", which the cache the first run filled makes appear) are in
+    app.log instead."""
+    import re
+
+    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+    from tests.tmux import Terminal, app_command
+
+    real = SHARED_DATA / "glue_mrpc"
+    if real.is_dir():
+        data_dir = real
+        rows = (real / "train.tsv").read_text(encoding="utf-8").splitlines()[1:601]
+        sentences = [s for row in rows for s in row.split("\t")[3:5]]
+    else:
+        data_dir = make_tiny_glue_tsv(tmp_path / "data", n_train=64, n_val=21)
+        sentences = [s for _, a, b in synthetic_pairs(200, seed=3) for s in (a, b)]
+    model = make_tiny_bert(tmp_path / "tiny_bert", sentences)
+    command = ("task=glue_mrpc", "hardware=tpu", "precision=bf16", f"task.data_dir={data_dir}", f"task.model={model}",
+               f"task.cache_dir={tmp_path / 'cache'}", "task.max_length=32", "trainer.batch_size=8",
+               "trainer.eval_batch_size=32", "logging.trackers=[]", f"hardware.compile_cache_dir={tmp_path / 'xla'}",
+               # The steps decide the end (the tiny files' epochs are 8 steps). The tiny model predicts one class
+               # all along, so the evaluations tie on eval/f1 and the first to reach it (step 15) is the best.
+               "trainer.max_epochs=-1", "trainer.max_steps=30", "trainer.eval_every_n_steps=15")
+    run_app(*command, "checkpoint.every_n_steps=15", "logging.progress_bar=false",
+            f"hydra.run.dir={tmp_path / 'at_best'}", cwd=tmp_path, check=True, timeout=400)
+    assert json.loads((tmp_path / "at_best" / "model" / "export.json").read_text())["checkpoint"] == "checkpoint_1"
+    env = f"PJRT_DEVICE={os.environ['PJRT_DEVICE']} CPU_NUM_DEVICES={os.environ.get('CPU_NUM_DEVICES', '2')} "
+    with Terminal(tmp_path, env + app_command(*command, f"hydra.run.dir={tmp_path / 'run'}"), width=200) as term:
+        screen = term.wait_for_exit(450)
+    assert "EXIT=0" in screen, screen[-4000:]
+    native = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", re.MULTILINE)  # TSL's log lines
+    assert not native.search(screen) and "GSPMD" not in screen and "deserialize" not in screen, screen[-4000:]
+    assert "Warning:" not in screen, screen[-4000:]  # nor a Python warning
+    log = (tmp_path / "run" / "app.log").read_text()
+    kept = [line for line in log.splitlines() if "][torch_xla][WARNING] - " in line]
+    assert any("GSPMD sharding propagation" in line for line in kept), log[-3000:]
+    assert any("Failed to deserialize executable" in line for line in kept), log[-3000:]
+    described = json.loads((tmp_path / "run" / "model" / "export.json").read_text())
+    assert (described["exported"], described["step"], described["final_step"], described["checkpoint"]) == \
+        ("best", 15, 30, "best_15")
+    assert "exporting the best evaluation: step 15, eval/f1 = " in screen
+    assert (tmp_path / "run" / "model" / "model.safetensors").read_bytes() == \
+        (tmp_path / "at_best" / "model" / "model.safetensors").read_bytes()

@@ -4,9 +4,12 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
-  the best by ``early_stopping.monitor`` with ``keep_best``. With ``checkpoint.async_save`` a save
-  copies the state and training goes on while it is written; rotation runs once it is complete, and
-  the end of training (an interrupt included) waits for it.
+  the best by ``early_stopping.monitor`` with ``keep_best``, plus those holding a best evaluation's
+  weights still needed. With ``checkpoint.export=best`` an evaluation that improves on the best keeps
+  its weights, in ``checkpoints/best_<step>`` when no checkpoint of its step holds them
+  (``app.engine.best_weights``). With ``checkpoint.async_save`` a save copies the state and training
+  goes on while it is written; rotation runs once it is complete, and the end of training (an
+  interrupt included) waits for it.
 - :meth:`CheckpointPolicy.resume` restores ``resume=<path>|auto``: weights, optimizer, scheduler,
   RNG states, data position and loop state, so the run continues bit for bit; ``metrics.jsonl`` is
   cut back to what it held at the checkpoint and TensorBoard hides the later events.
@@ -36,9 +39,11 @@ from app.distributed.checkpoint.store import (
     rotate,
     run_folder_of,
 )
+from app.distributed.checkpoint.training_state import holds_weights_only
 from app.engine.adapters import export_adapter
+from app.engine.best_weights import BEST_STEP, BestWeights, holder, load_kept
 from app.engine.divergence import weights_are_finite
-from app.engine.loop import Components, LoopState
+from app.engine.loop import Components, LoopState, batches_per_pass, total_optimizer_steps
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
 from app.run_layout import EXPORT_FILE, MODEL_CARD_FILE, checkpoints_dir, metrics_file
@@ -122,6 +127,12 @@ class CheckpointPolicy:
         self.acc.register_for_checkpointing(self.trainer_state)
         if components.weight_average is not None:
             self.acc.register_for_checkpointing(components.weight_average)
+        self.best: BestWeights | None = None
+        """Keeps the best evaluation's weights when they are exported (``checkpoint.export=best``)."""
+        if (cfg.checkpoint.save_final_model or cfg.predicts_test) and cfg.checkpoint.resolved_export() is ExportChoice.best:
+            total_steps = total_optimizer_steps(cfg, batches_per_pass(components.train_loader))
+            self.best = BestWeights(components, self.root, cfg.checkpoint, stopper, total_steps, self._manifest_fields,
+                                    on_complete=self.rotate)
 
     # -- CheckpointHook ------------------------------------------------------------------------------
     @property
@@ -136,10 +147,14 @@ class CheckpointPolicy:
     def on_step_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         if self.saves_at_step(state.global_step):
             self.save(state)
+        elif metrics is not None and self.best is not None:
+            self.best.after_evaluation(state)
 
     def on_epoch_end(self, state: LoopState, metrics: dict[str, float] | None) -> None:
         if self.cfg.every_epoch:
             self.save(state)
+        elif metrics is not None and self.best is not None:
+            self.best.after_evaluation(state)
 
     def on_train_end(self, state: LoopState) -> None:
         """Always leave the final state (unless checkpoints are off): a max_steps end mid-epoch, an
@@ -158,26 +173,38 @@ class CheckpointPolicy:
         if not weights_are_finite(self.c):
             log.warning("not saving a checkpoint at step %d: the weights are not finite", state.global_step)
             return None
-        metric = None
-        if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
-            metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}
         metrics = metrics_file(self.run_dir)
         metadata = {
-            "step": state.global_step, "epoch": state.epoch, "config_hash": self.config_hash, "metric": metric,
+            **self._manifest_fields(state),
             # What metrics.jsonl held at this point: a resumed run cuts it back to exactly this.
             "metrics_jsonl_bytes": metrics.stat().st_size if metrics.exists() else 0,
+            # Whose kept weights a run resumed from here exports (app.engine.best_weights).
+            BEST_STEP: self.stopper.best_step,
         }
         self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
         folder = self.acc.save_state(metadata=metadata, async_save=self.cfg.async_save, on_complete=self.rotate)
         self.last_saved_step, self.last_saved = state.global_step, folder.name
         return folder
 
+    def _manifest_fields(self, state: LoopState) -> dict[str, Any]:
+        """step, epoch, config hash and the monitored metric (when evaluated at this step) of a save."""
+        metric = None
+        if state.last_eval_step == state.global_step and self.monitor in state.last_metrics:
+            metric = {"name": self.monitor, "value": float(state.last_metrics[self.monitor]), "mode": self.mode}
+        return {"step": state.global_step, "epoch": state.epoch, "config_hash": self.config_hash, "metric": metric}
+
     def rotate(self, folder: Path) -> None:
-        """Once ``folder`` is complete (main process; with async_save on the writer thread)."""
-        fault_point("before-rotate", int(folder.name.rsplit("_", 1)[1]))
-        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder):
+        """Once ``folder`` (a checkpoint, or a best evaluation's kept weights) is complete (main process;
+        with async_save on the writer thread): the checkpoints beyond total_limit go, never one holding
+        needed best weights, then the kept weights no longer needed. The run's best is read as it is now:
+        a newer best's save waits for this one, so none can be missed."""
+        fault_point("before-rotate", folder.name.removeprefix("checkpoint_"))
+        needed = self.best.needed_steps(self.stopper.best_step) if self.best is not None else set()
+        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder, keep_steps=needed):
             log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
                       self.cfg.total_limit)
+        if self.best is not None:  # asked again: a checkpoint just rotated away may have recorded an older best
+            self.best.prune(self.best.needed_steps(self.stopper.best_step))
 
     # -- resume --------------------------------------------------------------------------------------
     def resume(self, resume: str | None) -> Manifest | None:
@@ -224,11 +251,13 @@ class CheckpointPolicy:
     def weights_for_export(self, choice: ExportChoice) -> dict[str, Any]:
         """Put the weights to export into the model and describe them (``model/export.json``).
 
-        ``best``: the final weights when the final evaluation is the best, else the checkpoint holding
-        the best evaluation is loaded (its weights only: this run's loop state and early stopping stay
-        as training left them); when no checkpoint holds it (it was measured between saves), the final
-        weights are exported and the metadata says so. ``checkpoint`` names the checkpoint holding the
-        exported weights (absent when none does), ``metrics`` their evaluation."""
+        ``best``: the final weights when the final evaluation is the best, else the weights of the best
+        evaluation, from the folder holding them (``app.engine.best_weights``): the checkpoint of its
+        step (its weights only: this run's loop state and early stopping stay as training left them) or
+        ``checkpoints/best_<step>``. Only a run that cannot have kept them (a checkpoint written before
+        they were kept, resumed) exports the final weights instead, and the metadata says so.
+        ``checkpoint`` names the folder in ``checkpoints/`` holding the exported weights (absent when
+        none does), ``metrics`` their evaluation."""
         state, monitor = self.state, self.monitor
         evaluated = state.last_eval_step == state.global_step
         final_metric = state.last_metrics.get(monitor) if evaluated else None
@@ -250,21 +279,23 @@ class CheckpointPolicy:
             return described
         found: tuple[str, Manifest] | None = None
         if self.acc.is_main_process:
-            found = next(((str(path), saved) for path, saved in complete_checkpoints(self.root)
-                          if saved.metric_value() == best and (saved.metric or {}).get("name") == monitor
-                          and best_step in (None, saved.step)), None)
+            held = holder(self.root, best, best_step, monitor)
+            found = (str(held[0]), held[1]) if held is not None else None
         found = self.acc.broadcast_object(found)
         if found is None:
-            log.warning("the best evaluation (step %s, %s = %s) has no checkpoint (it fell between saves): exporting "
-                        "the final weights; save a checkpoint at every evaluation to export the best",
-                        best_step, monitor, human(best))
+            log.warning("the weights of the best evaluation (step %s, %s = %s) are not kept in %s (a run resumed "
+                        "from a checkpoint saved before they were): exporting the final weights", best_step, monitor,
+                        human(best), self.root)
             described["exported"] = "last (best not saved)"
             return described
         chosen, manifest = found
         log.info("exporting the best evaluation: step %d, %s = %s (loading %s)", manifest.step, monitor, human(best),
                  Path(chosen).relative_to(self.run_dir))
-        with self.trainer_state.kept():
-            self.acc.load_state(chosen)
+        if holds_weights_only(manifest):
+            load_kept(self.c, Path(chosen))
+        else:
+            with self.trainer_state.kept():
+                self.acc.load_state(chosen)
         return {**described, "exported": "best", "step": manifest.step, "epoch": manifest.epoch,
                 "checkpoint": Path(chosen).name, "metric": manifest.metric,
                 "metrics": evaluation_metrics(self.stopper.best_metrics)}

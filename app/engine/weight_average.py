@@ -54,6 +54,12 @@ class WeightAverage:
         finally:
             torch._foreach_copy_([p.detach() for p in self.params], trained)
 
+    @torch.no_grad()
+    def take_weights(self) -> None:
+        """The average becomes the model's weights as they are: the export loaded an evaluation's
+        averaged weights into the model (``app.engine.best_weights``), which :meth:`applied` must keep."""
+        torch._foreach_copy_(self.average, [p.detach() for p in self.params])
+
     def state_dict(self) -> dict[str, Any]:
         return {"average": list(self.average), "updates": self.updates, "decay": self.decay}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from app.config import ConfigError, RunConfig
 from app.configure import validate
-from app.console import details_to_log_file, in_parallel_job
+from app.console import details_to_log_file, in_parallel_job, native_stderr_to_log
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.hub_kernels import hub_kernels_off_by_default, keep_hub_kernels_off
 from app.launching.processes import run_on_processes, start_worker_server
@@ -108,7 +108,8 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
         return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, record_config))
     workers = spec.local_workers(cfg.hardware)
     if workers == 0:
-        return engine_run()(cfg, run_dir, record_config)
+        with native_stderr_to_log(spec.native_notices, _current_log_file(), spec.native_source):
+            return engine_run()(cfg, run_dir, record_config)
     with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
         stop_file = Path(stop_dir) / "signal"
         # Signalled, the launcher tells the workers through the stop file and waits for their

@@ -48,6 +48,8 @@ class JobRow:
     """The monitored metric at each evaluation."""
     losses: list[tuple[int, float]] = field(default_factory=list)
     """train/loss at each log line."""
+    exported: dict[str, Any] | None = None
+    """What the job's ``model/`` holds (``result.json``'s ``exported``: weights, checkpoint, step, metrics)."""
 
     @property
     def params(self) -> dict[str, str]:
@@ -143,6 +145,7 @@ def read_job(folder: Path) -> JobRow:
         final={k: f for k, v in final.items() if (f := _number(v)) is not None}, curve=curve, losses=losses,
         task=str(task) if task is not None else None,
         at_best={k: f for k, v in at_best.items() if k not in ("step", "epoch") and (f := _number(v)) is not None},
+        exported=result["exported"] if isinstance(result.get("exported"), dict) else None,
     )
 
 

@@ -26,6 +26,12 @@ def _short(value: str) -> str:
     return value if number.is_integer() or len(value) <= 8 else f"{number:.4g}"
 
 
+def _exported(row: JobRow) -> str:
+    """What a job's ``model/`` holds, as a cell: ``best (step 15)``, ``last (step 30)``; empty: nothing."""
+    exported = row.exported or {}
+    return f"{exported['weights']} (step {exported['step']})" if "weights" in exported and "step" in exported else ""
+
+
 def _status(row: JobRow) -> str:
     """A job's state as the table shows it: a pruned one with the step it stopped at."""
     return row.status if row.pruned_step is None else f"{row.status} at step {row.pruned_step}"
@@ -108,19 +114,32 @@ def markdown(rows: list[JobRow], sweep_dir: Path) -> str:
               f"early_stopping.mode={mode}).")]
     if best is not None:
         params = ", ".join(f"{k}={_short(best.params.get(k, ''))}" for k in keys) or " ".join(best.overrides)
-        lines.append(f"**Best: job {best.job}** ({params}): {monitor} = {best.best!r} at step {best.best_step}.")
+        lines.append(f"**Best: job {best.job}** ({params}): {monitor} = {best.best!r} at step {best.best_step}."
+                     + _holds(best))
     else:
         lines.append("**No job finished with a finite objective.**")
     lines += ["", "| rank | job | " + " | ".join(keys + ["status", f"best {monitor}", "best step", "steps",
-                                                        "wall s", "folder"]) + " |",
-              "|" + "---|" * (len(keys) + 8)]
+                                                        "exported", "wall s", "folder"]) + " |",
+              "|" + "---|" * (len(keys) + 9)]
     for rank, row in enumerate(ranked(rows), start=1):
         mark = " ★" if row is best else ""
         cells = [f"{rank}{mark}", str(row.job), *(_short(row.params.get(k, "")) for k in keys), _status(row),
-                 _fmt(row.best), _fmt(row.best_step), _fmt(row.steps), _fmt(row.wall_time_s, 3),
+                 _fmt(row.best), _fmt(row.best_step), _fmt(row.steps), _exported(row), _fmt(row.wall_time_s, 3),
                  str(row.folder.relative_to(sweep_dir))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _holds(row: JobRow) -> str:
+    """What the best job's ``model/`` holds, said after its best value: that evaluation's weights (where
+    they were kept), or which others."""
+    exported = row.exported or {}
+    if "weights" not in exported:
+        return ""
+    where = f" (`checkpoints/{exported['checkpoint']}`)" if exported.get("checkpoint") else ""
+    if exported["weights"] == "best" and exported.get("step") == row.best_step:
+        return f" Its `model/` holds the weights of that evaluation{where}."
+    return f" Its `model/` holds the {exported['weights']} weights, of step {exported.get('step')}{where}."
 
 
 def write_markdown(rows: list[JobRow], path: Path, sweep_dir: Path) -> None:

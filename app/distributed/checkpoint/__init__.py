@@ -23,7 +23,10 @@ and read. (When to save, what to keep and what ``resume=`` means is the engine's
   (``save_state(async_save=True)``), on a thread of its own; waited for before anything else touches
   checkpoints.
 - ``training_state``: ``Accelerator.save_state``/``load_state`` given the objects explicitly
-  (``TrainingObjects``: models, optimizers, schedulers, loaders, registered objects, counters).
+  (``TrainingObjects``: models, optimizers, schedulers, loaders, registered objects, counters), and
+  ``save_weights``/``load_weights``: a model's weights alone, committed the same way.
+- ``best``: ``checkpoints/best_<step>/``, the weights of a best evaluation that no checkpoint holds:
+  naming, listing, pruning.
 - ``export``: ``Accelerator.save_model`` and the run's exported weights, as transformers writes them.
 
 Nothing is imported here, so that the lower layers load without the upper ones.

@@ -17,6 +17,7 @@ thread), then fsyncs and hashes them for the manifest.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,6 +33,7 @@ from app.distributed.checkpoint.layouts import (
     keep_implementation,
     read_full_model_state,
     read_sharded_model_state,
+    saved_part,
     sharded_shapes,
 )
 from app.distributed.checkpoint.staging import Pending, Staging
@@ -44,12 +46,15 @@ if TYPE_CHECKING:
 class CheckpointIO(Protocol):
     """Model and optimizer state in a checkpoint folder, as one backend lays it out."""
 
-    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
-        """Stage the (prepared) model's weights as ``name`` in ``folder``."""
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging,
+                   keep: Callable[[str], bool] | None = None) -> list[Pending]:
+        """Stage the (prepared) model's weights as ``name`` in ``folder``; ``keep``: which state-dict
+        names to save (None: all)."""
         ...
 
-    def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
-        """Load weights ``name`` into the model, whichever layout wrote them."""
+    def load_model(self, model: nn.Module, folder: Path, name: str, partial: bool = False) -> None:
+        """Load weights ``name`` into the model, whichever layout wrote them; ``partial``: they may be
+        some of the model's (those saved with a ``keep``), the others stay as they are."""
         ...
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
@@ -69,30 +74,36 @@ class FullStateIO:
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging,
+                   keep: Callable[[str], bool] | None = None) -> list[Pending]:
         """``<name>.safetensors`` with the full weights (tied weights are stored once and recorded as aliases)."""
         state = self.backend.full_state_dict(model)
         if self.backend.process_index != 0:
             return []
+        if keep is not None:
+            state = {k: v for k, v in state.items() if keep(k)}
         unique, aliases = dedupe_shared(state)
         metadata = {"format": "pt", "aliases": json.dumps(aliases)}
         return [stage_safetensors(folder, f"{name}.safetensors", unique, metadata, staging)]
 
-    def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
+    def load_model(self, model: nn.Module, folder: Path, name: str, partial: bool = False) -> None:
         """Every rank reads the full weights into its (replicated) model, from ``<name>.safetensors``
         or from the shards an FSDP2 run wrote."""
         inner = self.backend.unwrap_model(model)
         path = folder / f"{name}.safetensors"
         listed = listed_files(folder)
+        expected = inner.state_dict()
         if files := full_model_files(folder, name, listed):
             state = read_full_model_state(folder, files)
-            check_compatible(inner.state_dict(), state, path)
+            check_compatible(saved_part(expected, state) if partial else expected, state, path)
         elif lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
-            check_compatible(inner.state_dict(), sharded_shapes(folder / name), folder / name)
-            state = read_sharded_model_state(folder / name, inner.state_dict())
+            shapes = sharded_shapes(folder / name)
+            expected = saved_part(expected, shapes) if partial else expected
+            check_compatible(expected, shapes, folder / name)
+            state = read_sharded_model_state(folder / name, expected)
         else:
             raise CheckpointError(f"{folder} has no {path.name}, so it was saved with a different model setup.")
-        inner.load_state_dict(state, strict=True)
+        inner.load_state_dict(state, strict=not partial)
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
                        name: str, staging: Staging) -> list[Pending]:

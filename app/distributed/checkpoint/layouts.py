@@ -90,6 +90,12 @@ def sharded_shapes(folder: Path) -> dict[str, torch.Tensor]:
     return found
 
 
+def saved_part(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's entries that a partial save (``save_weights(trainable_only=True)``) holds: what
+    :func:`check_compatible` compares it with (a name the save has and the model lacks is still refused)."""
+    return {k: v for k, v in expected.items() if k in found}
+
+
 def check_compatible(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], where: Path) -> None:
     """One sentence naming the first difference between the model and a checkpoint's weights."""
     missing = [k for k in expected if k not in found]

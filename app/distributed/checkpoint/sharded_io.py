@@ -29,6 +29,7 @@ from app.distributed.checkpoint.layouts import (
     check_compatible,
     full_model_files,
     read_full_model_state,
+    saved_part,
     sharded_shapes,
 )
 from app.distributed.checkpoint.staging import Pending, Staging
@@ -50,7 +51,8 @@ class ShardedStateIO:
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging) -> list[Pending]:
+    def save_model(self, model: nn.Module, folder: Path, name: str, staging: Staging,
+                   keep: Callable[[str], bool] | None = None) -> list[Pending]:
         """Every rank writes its shards (a collective): now, or (``staging.copy``) from a host copy on
         torch.distributed.checkpoint's thread."""
         import torch.distributed.checkpoint as dcp
@@ -59,15 +61,18 @@ class ShardedStateIO:
 
         target = folder / name
         writer = HuggingFaceStorageWriter(str(target), save_distributed=True)
+        state = get_model_state_dict(model)
+        if keep is not None:
+            state = {k: v for k, v in state.items() if keep(k)}
         if not staging.copy:
-            dcp.save(get_model_state_dict(model), storage_writer=writer)
+            dcp.save(state, storage_writer=writer)
             return [PendingShards(name, target, self.backend.process_index)]
-        started = dcp.async_save(get_model_state_dict(model), storage_writer=writer,
-                                 process_group=staging.process_group)
+        started = dcp.async_save(state, storage_writer=writer, process_group=staging.process_group)
         return [PendingShards(name, target, self.backend.process_index, getattr(started, "upload_completion", started))]
 
-    def load_model(self, model: nn.Module, folder: Path, name: str) -> None:
-        """From shards (re-sharded to this world size) or from a full ``<name>.safetensors``."""
+    def load_model(self, model: nn.Module, folder: Path, name: str, partial: bool = False) -> None:
+        """From shards (re-sharded to this world size) or from a full ``<name>.safetensors``; ``partial``:
+        only the entries saved (``save_model(keep=...)``), the others stay."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import HuggingFaceStorageReader
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
@@ -75,14 +80,17 @@ class ShardedStateIO:
         listed = listed_files(folder)
         if lists_folder(folder, name) if listed is not None else (folder / name).is_dir():
             state: dict[str, Any] = get_model_state_dict(model)
+            shapes = sharded_shapes(folder / name)
+            if partial:
+                state = saved_part(state, shapes)
             # The model's global shapes against the shard headers, on every rank alike.
             check_compatible({k: torch.empty(tuple(v.shape), device="meta") for k, v in state.items()},
-                             sharded_shapes(folder / name), folder / name)
+                             shapes, folder / name)
             try:
                 dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder / name)))
             except Exception as err:  # noqa: BLE001 - DCP wraps reader errors in CheckpointException
                 raise CheckpointError(f"cannot read the weight shards in {folder / name} ({first_line(err)}).") from None
-            set_model_state_dict(model, state)
+            set_model_state_dict(model, state, options=_options(strict=not partial))
             return
         path = folder / f"{name}.safetensors"
         files = full_model_files(folder, name, listed)
@@ -93,10 +101,11 @@ class ShardedStateIO:
 
         def read() -> None:
             full.update(read_full_model_state(folder, files))
-            check_compatible(expected, full, path)
+            check_compatible(saved_part(expected, full) if partial else expected, full, path)
 
         self._on_rank0_for_all(read)
-        set_model_state_dict(model, full, options=_options(full_state_dict=True, broadcast_from_rank0=True))  # type: ignore[arg-type]
+        set_model_state_dict(model, full, options=_options(full_state_dict=True, broadcast_from_rank0=True,  # type: ignore[arg-type]
+                                                           strict=not partial))
 
     def save_optimizer(self, model: nn.Module | None, optimizer: torch.optim.Optimizer, folder: Path,
                        name: str, staging: Staging) -> list[Pending]:

@@ -32,7 +32,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,7 +259,8 @@ def next_save_number(root: Path) -> int:
     return max((number for _, number in _numbered_entries(root)), default=-1) + 1
 
 
-def temporary_folder(root: Path, save_number: int) -> Path:
+def temporary_folder(root: Path, save_number: int | str) -> Path:
+    """``.tmp-checkpoint_<N or name>-<pid>@<host>-<random>`` in ``root`` (created)."""
     root.mkdir(parents=True, exist_ok=True)
     # The writer's pid and host in the name: clean_temporaries leaves a live writer's folder alone.
     path = root / f"{_TEMP_PREFIX}{save_number}-{os.getpid()}@{_host()}-{secrets.token_hex(4)}"
@@ -267,18 +268,19 @@ def temporary_folder(root: Path, save_number: int) -> Path:
     return path
 
 
-def commit(temporary: Path, final: Path, manifest: Manifest) -> Path:
+def commit(temporary: Path, final: Path, manifest: Manifest, label: int | str | None = None) -> Path:
     """Write the manifest (last; the files it lists must already be fsynced), make it durable, and
-    rename the folder into place.
+    rename the folder into place. ``label``: the fault points' name of this save (default: its number).
 
-    An existing ``final`` (an explicit ``save_state(dir)`` called twice) is replaced: moved aside
-    first, deleted only after the new folder is in place.
+    An existing ``final`` (an explicit ``save_state(dir)`` called twice, a best evaluation's weights
+    written again) is replaced: moved aside first, deleted only after the new folder is in place.
     """
+    label = manifest.save_number if label is None else label
     manifest.created = manifest.created or time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    fault_point("before-manifest", manifest.save_number)
+    fault_point("before-manifest", label)
     write_bytes(temporary / MANIFEST, manifest.to_json().encode())
     fsync_path(temporary / MANIFEST)
-    fault_point("before-rename", manifest.save_number)
+    fault_point("before-rename", label)
     publish(temporary, final)
     return final
 
@@ -335,25 +337,33 @@ def best_checkpoint(checkpoints: list[tuple[Path, Manifest]]) -> Path | None:
     return best[0] if best else None
 
 
-def rotate(root: Path, total_limit: int | None, keep_best: bool, newest: Path) -> list[Path]:
+def rotate(root: Path, total_limit: int | None, keep_best: bool, newest: Path,
+           keep_steps: Collection[int] = ()) -> list[Path]:
     """Delete complete checkpoints beyond the ``total_limit`` newest, never ``newest`` (the one just
-    written) nor, with ``keep_best``, the best one. Returns what was deleted."""
+    written), nor, with ``keep_best``, the best one, nor one of a step in ``keep_steps`` (the engine's:
+    those holding the weights of a best evaluation still in use). Returns what was deleted."""
     if total_limit is None:
         return []
     checkpoints = complete_checkpoints(root)
     keep = {path for path, _ in checkpoints[-total_limit:]} | {newest}
+    keep |= {path for path, manifest in checkpoints if manifest.step in keep_steps}
     if keep_best and (best := best_checkpoint(checkpoints)) is not None:
         keep.add(best)
     removed = []
     for path, _ in checkpoints:
         if path in keep:
             continue
-        # Renamed first: a crash mid-delete leaves a .tmp-* folder, never a half-deleted checkpoint.
-        doomed = root / f"{_TEMP_PREFIX}rotated-{path.name}-{secrets.token_hex(4)}"
-        os.rename(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        remove(root, path)
         removed.append(path)
     return removed
+
+
+def remove(root: Path, path: Path) -> None:
+    """Delete a committed folder of ``root``: renamed first, so a crash mid-delete leaves a ``.tmp-*``
+    folder (cleaned up later), never half a checkpoint."""
+    doomed = root / f"{_TEMP_PREFIX}rotated-{path.name}-{secrets.token_hex(4)}"
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 # -- reading a committed folder's states -------------------------------------------------------------
@@ -488,12 +498,14 @@ tmpfs); ``hold`` makes that save wait for ever after half the files, in Python, 
 HOLD_MESSAGE = "checkpoint write held halfway"
 
 
-def fault_point(point: str, save_number: int, path: Path | None = None, step: int | None = None) -> None:
+def fault_point(point: str, save_number: int | str, path: Path | None = None, step: int | None = None) -> None:
+    """``save_number``: the N of ``checkpoint_<N>``, or the name of another folder the store writes
+    (``best_<step>``, the kept weights of a best evaluation: ``files:best_15``)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
         return
     wanted, _, number = spec.partition(":")
-    if number and save_number != int(number):
+    if number and str(save_number) != number:
         return
     if wanted == point:
         import signal

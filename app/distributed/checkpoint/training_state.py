@@ -115,63 +115,142 @@ def save_state(backend: Backend, objects: TrainingObjects, output_dir: str | os.
     ``writer.wait()`` returns. A save is synchronous anyway where the backend has no collectives to
     spare for a writer thread, or where the copy would not fit in host memory (said in the log).
     """
-    main = backend.process_index == 0
     if output_dir is None and project_dir is None:
         raise ValueError("save_state() needs an output_dir, or an Accelerator built with project_dir.")
-    if writer is not None:
-        writer.wait()
-    collectives: WriterCollectives | None = backend
-    if writer is not None and async_save:
-        collectives = backend.background_collectives() if _copy_fits(writer, objects) else None
-    else:
-        writer = None
-    plan: tuple[str, str, int] | None = None
-    if main:
+
+    def where() -> tuple[Path, int, str]:
         if output_dir is None:
             assert project_dir is not None
             root = project_dir / store.CHECKPOINTS
             number = store.next_save_number(root)
-            final = root / f"checkpoint_{number}"
-        else:
-            final = Path(output_dir)
-            root = final.parent
-            number = store.next_save_number(root)
+            return root / f"checkpoint_{number}", number, str(number)
+        final = Path(output_dir)
+        number = store.next_save_number(final.parent)
+        return final, number, str(number)
+
+    def stage(temporary: Path, staging: Staging) -> tuple[list[Pending], int]:
+        return _stage(backend, objects, temporary, staging)
+
+    return _save(backend, writer, async_save, lambda: _state_bytes(objects), where, stage, metadata,
+                 (total_limit if output_dir is None else None, on_complete), project_dir)
+
+
+def save_weights(backend: Backend, model: nn.Module, output_dir: Path, project_dir: Path | None,
+                 metadata: dict[str, Any] | None = None, trainable_only: bool = False,
+                 writer: BackgroundWriter | None = None, async_save: bool = False,
+                 on_complete: Callable[[Path], None] | None = None) -> Path:
+    """Write ``model``'s weights alone into ``output_dir`` (replaced when it exists), committed as a
+    checkpoint is (files fsynced, a manifest listing them written last, the folder renamed into place;
+    in the background with ``async_save``, as :func:`save_state`): ``model.safetensors``, or FSDP2's
+    per-rank shards in ``model/``. ``trainable_only`` leaves frozen parameters out (they never change
+    in training: a LoRA run's kept weights are its adapters and head). The manifest's ``extra`` says
+    ``holds: weights`` (no training state: not resumable); its save number is the step recorded in
+    ``metadata``. Every rank calls it; read back with :func:`load_weights`."""
+    frozen = _frozen_names(backend.unwrap_model(model)) if trainable_only else set()
+
+    def where() -> tuple[Path, int, str]:
+        return output_dir, int((metadata or {}).get("step") or 0), output_dir.name
+
+    def stage(temporary: Path, staging: Staging) -> tuple[list[Pending], int]:
+        pending = backend.checkpoint_io.save_model(model, temporary, "model", staging,
+                                                   keep=(lambda key: key not in frozen) if frozen else None)
+        return pending, len(pending)
+
+    return _save(backend, writer, async_save, lambda: _tensor_bytes(model.state_dict()), where, stage, {**(metadata or {}), HOLDS: WEIGHTS},
+                 (None, on_complete), project_dir)
+
+
+HOLDS, WEIGHTS = "holds", "weights"
+"""A weights-only folder's manifest says ``extra["holds"] == "weights"``."""
+
+
+def holds_weights_only(manifest: Manifest) -> bool:
+    """Whether a committed folder is :func:`save_weights`'s (weights only), not a checkpoint."""
+    return manifest.extra.get(HOLDS) == WEIGHTS
+
+
+def _frozen_names(model: nn.Module) -> set[str]:
+    """The state-dict names of the parameters that do not train (tied aliases included)."""
+    return {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+
+
+def _save(backend: Backend, writer: BackgroundWriter | None, async_save: bool, needed_bytes: Callable[[], int],
+          where: Callable[[], tuple[Path, int, str]], stage: Callable[[Path, Staging], tuple[list[Pending], int]],
+          metadata: dict[str, Any] | None, rotation: tuple[int | None, Callable[[Path], None] | None],
+          project_dir: Path | None) -> Path:
+    """One save, of whatever ``stage`` stages: wait for the write in flight, agree on the folder
+    (``where`` on the main process: final folder, save number, fault-point label), stage on this
+    thread, then write and commit now or on the writer's thread (``async_save``)."""
+    main = backend.process_index == 0
+    if writer is not None:
+        writer.wait()
+    collectives: WriterCollectives | None = backend
+    if writer is not None and async_save:
+        collectives = backend.background_collectives() if _copy_fits(writer, needed_bytes) else None
+    else:
+        writer = None
+    plan: tuple[str, str, int, str] | None = None
+    if main:
+        final, number, label = where()
+        root = final.parent
         store.clean_temporaries(root)
         try:
-            plan = (str(store.temporary_folder(root, number)), str(final), number)
+            plan = (str(store.temporary_folder(root, label)), str(final), number, label)
         except OSError as err:
             if err.errno not in DISK_FULL_ERRNOS:
                 raise
-            raise store.disk_full(root, None, f"checkpoint_{number}") from None
-    temporary_name, final_name, number = backend.broadcast_object(plan, src=0)
+            raise store.disk_full(root, None, final.name) from None
+    temporary_name, final_name, number, label = backend.broadcast_object(plan, src=0)
     temporary, final = Path(temporary_name), Path(final_name)
     in_background = writer is not None and collectives is not None
     staging = Staging(copy=in_background, pin_memory=backend.ops.pinned_memory,
                       buffers=writer.buffers if writer is not None else {},
                       process_group=getattr(collectives, "group", None) if in_background else None)
     try:
-        pending, model_files = _stage(backend, objects, temporary, staging)
+        pending, model_files = stage(temporary, staging)
     except OSError as err:  # a library that writes while staging (FSDP2's synchronous shards)
         if err.errno not in DISK_FULL_ERRNOS:
             raise
         raise store.disk_full(final.parent, temporary if main else None, final.name) from None
-    rotation = (total_limit if output_dir is None else None, on_complete, shown(final, project_dir))
+    total_limit, on_complete = rotation
+    commit = _Commit(temporary, final, number, label, metadata, total_limit, on_complete, shown(final, project_dir))
     if not in_background:
-        return _write_checkpoint(backend, backend, pending, model_files, temporary, final, number, metadata, rotation)
+        return _write_checkpoint(backend, backend, pending, model_files, commit)
     assert writer is not None and collectives is not None
-    writer.buffers = staging.used
-    writer.start(lambda: _write_checkpoint(backend, collectives, pending, model_files, temporary, final, number,
-                                           metadata, rotation))
+    # Kept for the next asynchronous save (this one's and the earlier ones' of other files: a weights-only
+    # save and a checkpoint share the model's buffers, and each keeps the other's).
+    writer.buffers = {**writer.buffers, **staging.used}
+    writer.start(lambda: _write_checkpoint(backend, collectives, pending, model_files, commit))
     return final
 
 
-def _copy_fits(writer: BackgroundWriter, objects: TrainingObjects) -> bool:
+@dataclass
+class _Commit:
+    """Where a staged save goes and what follows its commit."""
+
+    temporary: Path
+    final: Path
+    number: int
+    label: str
+    """The fault points' name for it (``checkpoint_<N>``: N; another folder: its name)."""
+    metadata: dict[str, Any] | None
+    total_limit: int | None
+    on_complete: Callable[[Path], None] | None
+    name_in_log: Path
+
+
+def _state_bytes(objects: TrainingObjects) -> int:
+    """The bytes of the models' and optimizers' tensors (what an asynchronous save copies)."""
+    needed = sum(_tensor_bytes(model.state_dict()) for model in objects.models)
+    return needed + sum(_tensor_bytes(optimizer.optimizer.state_dict()["state"]) for optimizer in objects.optimizers)
+
+
+def _copy_fits(writer: BackgroundWriter, needed_bytes: Callable[[], int]) -> bool:
     """Whether an asynchronous save may copy the state: its buffers exist already (an earlier save
     made them), or one more copy leaves half of the available host memory free."""
     if writer.buffers:
         return True
-    needed = sum(_tensor_bytes(model.state_dict()) for model in objects.models)
-    needed += sum(_tensor_bytes(optimizer.optimizer.state_dict()["state"]) for optimizer in objects.optimizers)
+    needed = needed_bytes()
     fits, available = fits_in_host_memory(needed)
     if not fits and not writer.said_too_large:
         writer.said_too_large = True
@@ -229,8 +308,7 @@ _DISK_FULL = "disk full"
 
 
 def _write_checkpoint(backend: Backend, collectives: WriterCollectives, pending: list[Pending], model_files: int,
-                      temporary: Path, final: Path, number: int, metadata: dict[str, Any] | None,
-                      rotation: tuple[int | None, Callable[[Path], None] | None, Path]) -> Path:
+                      commit: _Commit) -> Path:
     """Write the staged files, then commit: every rank's part is on disk and fsynced before the main
     process writes the manifest; then the main process rotates. The ranks agree on the outcome, so a
     failure anywhere raises the same sentence on every rank (nothing of this save committed). Runs on
@@ -239,12 +317,15 @@ def _write_checkpoint(backend: Backend, collectives: WriterCollectives, pending:
     main = rank == 0
     outcome: tuple[str, Any]
     failure: BaseException | None = None
+    step = (commit.metadata or {}).get("step")
     try:
         written: dict[str, WrittenFile | Path] = {}
         for i, item in enumerate(pending):
             if main and i == model_files:
-                store.fault_point("files", number, temporary, (metadata or {}).get("step"))
+                store.fault_point("files", commit.label, commit.temporary, step)
             written.update(item.write())
+        if main and model_files >= len(pending):  # the model's files are all there is (save_weights)
+            store.fault_point("files", commit.label, commit.temporary, step)
         # Durable before the manifest names them; hashed from memory while the disk flushes.
         digests = finish(written)
         outcome = ("ok", {k: (v.sha256, v.size) for k, v in digests.items()})
@@ -255,20 +336,19 @@ def _write_checkpoint(backend: Backend, collectives: WriterCollectives, pending:
     every_rank = collectives.all_gather_object(outcome)
     problem: tuple[str, str] | None = None
     if main:
-        problem = _commit_or_explain(backend, every_rank, temporary, final, number, metadata, rotation)
+        problem = _commit_or_explain(backend, every_rank, commit)
     problem = collectives.broadcast_object(problem, src=0)
     if problem is not None:
         kind, sentence = problem
         error = DiskFullError(sentence) if kind == _DISK_FULL else CheckpointWriteError(sentence)
         raise error from failure
-    return final
+    return commit.final
 
 
-def _commit_or_explain(backend: Backend, every_rank: list[tuple[str, Any]], temporary: Path, final: Path, number: int,
-                       metadata: dict[str, Any] | None,
-                       rotation: tuple[int | None, Callable[[Path], None] | None, Path]) -> tuple[str, str] | None:
+def _commit_or_explain(backend: Backend, every_rank: list[tuple[str, Any]], commit: _Commit) -> tuple[str, str] | None:
     """On the main process: commit the checkpoint every rank wrote, rotate and call ``on_complete``;
     None when all went well, else (kind, the sentence every rank raises)."""
+    temporary, final = commit.temporary, commit.final
     failed = [(rank, kind, detail) for rank, (kind, detail) in enumerate(every_rank) if kind != "ok"]
     if any(kind == _DISK_FULL for _, kind, _ in failed):
         # A partial checkpoint is never chosen (it has no manifest); removed now, not at the next save.
@@ -278,28 +358,29 @@ def _commit_or_explain(backend: Backend, every_rank: list[tuple[str, Any]], temp
         by = f" (process {rank}: {detail})" if backend.num_processes > 1 else f" ({detail})"
         return "error", (f"could not write checkpoint {final.name} in {final.parent}{by}; it was not committed, "
                          "and the earlier checkpoints are intact.")
-    fields = {k: v for k, v in (metadata or {}).items() if k in _MANIFEST_FIELDS}
-    extra = {k: v for k, v in (metadata or {}).items() if k not in _MANIFEST_FIELDS}
+    metadata = commit.metadata or {}
+    fields = {k: v for k, v in metadata.items() if k in _MANIFEST_FIELDS}
+    extra = {k: v for k, v in metadata.items() if k not in _MANIFEST_FIELDS}
     files = {name: {"sha256": sha, "size": size} for _, part in every_rank for name, (sha, size) in part.items()}
-    manifest = Manifest(save_number=number, world_size=backend.num_processes, files=dict(sorted(files.items())),
+    manifest = Manifest(save_number=commit.number, world_size=backend.num_processes, files=dict(sorted(files.items())),
                         extra=extra, **fields)
     try:
-        store.commit(temporary, final, manifest)
+        store.commit(temporary, final, manifest, label=commit.label)
     except OSError as err:
         if err.errno in DISK_FULL_ERRNOS:
             return _DISK_FULL, str(store.disk_full(final.parent, temporary, final.name))
         return "error", (f"could not commit checkpoint {final.name} in {final.parent} ({first_line(err)}); "
                          "the earlier checkpoints are intact.")
-    total_limit, on_complete, name_in_log = rotation
     # At DEBUG: one per save is clutter on a terminal (the engine's log file keeps it).
-    log.debug("saved checkpoint %s (step %s)", name_in_log, manifest.step)
+    log.debug("saved %s %s (step %s)", "weights" if holds_weights_only(manifest) else "checkpoint",
+              commit.name_in_log, manifest.step)
     try:
-        if total_limit is not None:
+        if commit.total_limit is not None:
             # ProjectConfiguration(total_limit=N), as in Accelerate: only the N newest project checkpoints
             # stay, removed once the new one is complete (never the one just written).
-            store.rotate(final.parent, total_limit, keep_best=False, newest=final)
-        if on_complete is not None:
-            on_complete(final)
+            store.rotate(final.parent, commit.total_limit, keep_best=False, newest=final)
+        if commit.on_complete is not None:
+            commit.on_complete(final)
     except Exception as err:  # noqa: BLE001 - said on every rank, as the write's
         return "error", f"checkpoint {final} is complete, but what follows a save failed ({first_line(err)})."
     return None
@@ -336,7 +417,14 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
                     raise CheckpointError("load_state() needs an input_dir, or an Accelerator built with project_dir.")
                 input_dir = project_dir / store.CHECKPOINTS
             chosen = store.find_checkpoint(Path(input_dir))
-            recorded = store.read_manifest(chosen).config_hash  # type: ignore[union-attr]
+            manifest = store.read_manifest(chosen)
+            assert manifest is not None  # verified
+            if holds_weights_only(manifest):
+                raise CheckpointError(
+                    f"{chosen} holds only the weights of the evaluation at step {manifest.step} (no optimizer, "
+                    "data position or loop state), so training cannot continue from it; resume from the run folder, "
+                    "whose export model/ holds these weights.")
+            recorded = manifest.config_hash
             if config_hash is not None and recorded is not None and recorded != config_hash:
                 raise CheckpointError(
                     f"{chosen} was saved by a run with another task or optimizer configuration (config hash "
@@ -381,6 +469,26 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
     # The caller says why it loaded (resumed, exporting, evaluating).
     log.debug("loaded checkpoint %s (step %s, epoch %s)", shown(folder, project_dir), manifest.step, manifest.epoch)
     return manifest, counters
+
+
+def load_weights(backend: Backend, model: nn.Module, input_dir: Path) -> Manifest:
+    """Load what :func:`save_weights` wrote into ``model`` (the weights it holds; a frozen parameter it
+    left out keeps its value) after the main process verified the folder (its manifest, sizes and
+    SHA-256); every rank raises CheckpointError (one sentence) when it does not verify. Returns the
+    folder's manifest."""
+    problem: str | None = None
+    if backend.process_index == 0:
+        problem = store.verify(input_dir)
+        manifest = store.read_manifest(input_dir)
+        if problem is None and manifest is not None and not holds_weights_only(manifest):
+            problem = "it is a checkpoint, not a folder of weights (load it with load_state)"
+    problem = backend.broadcast_object(problem, src=0)
+    if problem is not None:
+        raise CheckpointError(f"cannot load the weights in {input_dir}: {problem}.")
+    manifest = store.read_manifest(input_dir)
+    assert manifest is not None
+    backend.checkpoint_io.load_model(model, input_dir, "model", partial=True)
+    return manifest
 
 
 def shown(folder: Path, project_dir: Path | None) -> Path:

@@ -35,6 +35,11 @@ class HardwareSpec:
     """Whether the kind runs several processes that talk through collectives (DDP, FSDP2)."""
     compiles: bool = True
     """Whether ``torch.compile`` works on this kind (``trainer.compile=true``)."""
+    native_notices: tuple[str, ...] = ()
+    """Lines (substrings) this kind's native runtime writes to stderr that say nothing to a user:
+    ``python -m app`` keeps them in the run's log file, off the terminal (``app.console.native_stderr_to_log``)."""
+    native_source: str = "native"
+    """The name those lines carry in the log file."""
 
     @property
     def runs_hub_kernels(self) -> bool:

@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING
 
 from app.config import ConfigError, HardwareConfig, RunConfig
 from app.distributed.hardware.spec import HardwareSpec, Launched, Visible
-from app.distributed.hardware.xla import XLA, bf16_variable_refusal, default_compile_cache_dir, xla_problem
+from app.distributed.hardware.xla import (
+    NATIVE_NOTICES,
+    XLA,
+    bf16_variable_refusal,
+    default_compile_cache_dir,
+    xla_problem,
+)
 
 if TYPE_CHECKING:
     from app.distributed.backend import Backend
@@ -19,6 +25,8 @@ if TYPE_CHECKING:
 class TpuSpec(HardwareSpec):
     kind = "tpu"
     devices = (XLA,)
+    native_notices = NATIVE_NOTICES
+    native_source = "torch_xla"
 
     def check_devices(self, hw: HardwareConfig, visible: Visible) -> None:
         problem = xla_problem()

@@ -22,6 +22,15 @@ INSTALL_HINT = ("hardware=tpu needs PyTorch/XLA, which is not installed here; to
 NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
                "XLA's CPU device (slow, for testing).")
 _GOOGLE_PCI_VENDOR = "0x1ae0"
+NATIVE_NOTICES = (
+    # XLA's partitioner, at every graph it compiles: torch_xla 2.9's SPMD runs on GSPMD, which nobody using
+    # torch_xla can swap for Shardy.
+    "GSPMD sharding propagation is going to be deprecated",
+    # The persistent compile cache, at every graph, on XLA:CPU, which cannot load executables: the graph is
+    # compiled again, and the run's closing XLA line counts those ("found there").
+    "Failed to deserialize executable",
+)
+"""What torch_xla's C++ runtime writes to stderr that says nothing to a user (``HardwareSpec.native_notices``)."""
 BF16_VARIABLES = ("XLA_USE_BF16", "XLA_DOWNCAST_BF16")
 """torch_xla's deprecated switches that store every float tensor in bf16."""
 
