@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig, Tracker
-from app.configure import register_configs, to_run_config
+from app.configure import limits_as_given, register_configs, to_run_config
 from app.console import announce, details_to_log_file, enter_parallel_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
@@ -69,6 +69,7 @@ def main(dict_cfg: DictConfig) -> float | None:
             for part in unknown[0].split(".")[:-1]:
                 parent = getattr(parent, part)
             fail(unknown_key_sentence(unknown[0], parent, added=True))
+        limits_as_given(cfg, list(hydra_cfg.overrides.task))
         with parallel_job_lines(hydra_cfg, run_dir):
             return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
     except SystemExit as end:

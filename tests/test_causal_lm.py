@@ -240,6 +240,49 @@ def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_p
     assert "<unk>" not in tokenizer.decode(generated[0])
 
 
+# -- as the README writes it (issue 42) ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory, llama) -> Path:
+    """``task=causal_lm`` from a config folder with the README's form of ``task.config_overrides``, and
+    ``trainer.max_steps=37`` past the recipe's one epoch (13 optimizer steps of this corpus)."""
+    cwd = tmp_path_factory.mktemp("readme")
+    write_text(cwd / "corpus.txt", documents(150, seed=0))
+    run_app("task=causal_lm", f"task.config={llama}", "task.config_overrides={hidden_size: 48}",
+            "task.data_files.train=corpus.txt", "task.block_size=32", "trainer.max_steps=37", "hydra.run.dir=run",
+            "task.cache_dir=cache", *QUIET, cwd=cwd, check=True)
+    return cwd / "run"
+
+
+@pytest.mark.timeout(240)
+def test_config_overrides_written_as_the_readme_does_build_the_model(readme_run):
+    from safetensors import safe_open
+
+    assert json.loads((readme_run / "model" / "config.json").read_text())["hidden_size"] == 48
+    with safe_open(readme_run / "model" / "model.safetensors", "pt") as weights:
+        assert weights.get_slice("model.embed_tokens.weight").get_shape()[1] == 48
+
+
+def test_a_free_key_dict_takes_keys_in_every_form_and_other_keys_stay_checked(llama):
+    for form in (["task.config_overrides={hidden_size: 48, num_hidden_layers: 1}"],
+                 ["task.config_overrides.hidden_size=48", "+task.config_overrides.num_hidden_layers=1"]):
+        cfg = compose_config("task=causal_lm", f"task.config={llama}", "task.data_files.train=x.txt", *form)
+        assert cfg.task.config_overrides == {"hidden_size": 48, "num_hidden_layers": 1}, form
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="task.block_sze"):
+        compose_config("task=causal_lm", f"task.config={llama}", "task.block_sze=3")
+
+
+@pytest.mark.timeout(240)
+def test_max_steps_given_alone_trains_past_the_recipes_epoch_and_the_stop_names_it(readme_run):
+    result = json.loads((readme_run / "result.json").read_text())
+    assert (result["steps"], result["stop_reason"]) == (37, "reached trainer.max_steps (37 optimizer steps)")
+    assert [e["step"] for e in eval_events(readme_run)] == [13, 26, 37]  # epochs of 13 steps, then the end
+    assert "ends training" not in (readme_run / "app.log").read_text()  # one limit: nothing to weigh
+
+
 @pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.multiprocess
