@@ -20,7 +20,7 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
-from app.engine.mlflow_options import mlflow_kwargs
+from app.engine.mlflow_options import mlflow_kwargs, mlflow_location
 from app.engine.model_card import model_card
 from app.engine.predict import write_test_predictions
 from app.engine.progress import human
@@ -107,6 +107,8 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         accelerator.init_trackers(cfg.logging.project_name, config=as_plain(cfg),
                                   init_kwargs={**tracker_kwargs(resumed, cfg.logging.group),
                                                **mlflow_kwargs(cfg, run_dir, resumed is not None)})
+        if (mlflow_store := mlflow_location(cfg)) is not None:
+            log.info("%s", mlflow_store)
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision, components.threads),
