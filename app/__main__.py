@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig, Tracker
 from app.configure import limits_as_given, register_configs, to_run_config
-from app.console import announce, details_to_log_file, enter_parallel_job, protect_output
+from app.console import announce, details_to_log_file, enter_parallel_job, enter_sweep_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
 from app.refusal import RunFolderUndo
@@ -91,6 +91,8 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
         log.info("run folder %s", run_dir)
         details_to_log_file()  # each checkpoint's lines: in app.log, not on the terminal
     multirun = hydra_cfg.mode is RunMode.MULTIRUN
+    if multirun:
+        enter_sweep_job()  # the config tree is printed for the first job only (app.console)
     if multirun and cfg.logging.group is None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
     if Tracker.mlflow in cfg.logging.trackers and cfg.logging.mlflow_tracking_uri is None:

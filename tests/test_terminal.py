@@ -137,6 +137,24 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
                        "removed old checkpoint checkpoints/checkpoint_0 (checkpoint.total_limit=1)"], details
 
 
+@pytest.mark.timeout(180)
+def test_a_sweep_prints_the_config_tree_once_and_its_details_only_to_each_jobs_log(tmp_path):
+    # Hydra's basic launcher runs the three jobs one after another in one process; a checkpoint every 5
+    # steps gives each job its saved/removed lines (DEBUG), which once reached the terminal from job 1 on.
+    screen, _ = run_in_terminal(
+        tmp_path, "-m", "optim.lr=1e-3,3e-3,1e-2", "trainer.max_epochs=-1", "trainer.max_steps=20",
+        "checkpoint.every_n_steps=5", "checkpoint.total_limit=1", "logging.trackers=[]", "hydra.sweep.dir=sweep")
+    assert "EXIT=0" in screen, screen[-3000:]
+    assert screen.count("├── trainer") == 1, screen  # job 0's tree
+    assert [re.search(r"#(\d) : optim\.lr=", line).group(1) for line in screen.splitlines() if " : optim.lr=" in line] \
+        == ["0", "1", "2"]  # then each job's overrides (Hydra's launcher line)
+    assert "DEBUG" not in screen and "checkpoint_" not in screen, screen
+    for job in ("0", "1", "2"):
+        log = (tmp_path / "sweep" / job / "app.log").read_text()
+        assert "[DEBUG] - saved checkpoint checkpoints/checkpoint_3 (step 20)" in log, log
+        assert ("├── trainer" in log) == (job != "0"), log  # a later job's tree: in its own log
+
+
 def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):
     # Optuna logs through colorlog, which colours whatever the stream; the app asks for plain text
     # (NO_COLOR) when its stderr is not a terminal, before the sweeper imports Optuna.
