@@ -30,6 +30,7 @@ from app.configure import limits_as_given, register_configs, to_run_config
 from app.console import announce, details_to_log_file, enter_parallel_job, enter_sweep_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
+from app.library_logs import library_logs_to_log_file
 from app.refusal import RunFolderUndo
 from app.run_folder import CLAIMS, claim_from_argv
 from app.run_layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS, mlflow_store
@@ -90,6 +91,7 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
         details_to_log_file()  # each checkpoint's lines: in app.log, not on the terminal
+    library_logs_to_log_file()  # transformers', MLflow's... lines too (app/library_logs.py)
     multirun = hydra_cfg.mode is RunMode.MULTIRUN
     if multirun:
         enter_sweep_job()  # the config tree is printed for the first job only (app.console)

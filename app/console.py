@@ -89,7 +89,7 @@ class ClosedPipeSafe:
 def protect_output() -> None:
     """Make ``sys.stdout`` and ``sys.stderr`` safe against a closed pipe (once per process), and,
     when stderr is not a terminal, ask colouring libraries for plain text (``NO_COLOR``; a user's
-    ``FORCE_COLOR`` still wins)."""
+    ``FORCE_COLOR`` still wins) and the datasets library for no bars."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, ClosedPipeSafe):
@@ -99,8 +99,11 @@ def protect_output() -> None:
             for handler in logging.getLogger().handlers:
                 if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
                     handler.setStream(safe)  # type: ignore[arg-type]
-    if not is_terminal(sys.stderr) and "FORCE_COLOR" not in os.environ:
-        os.environ.setdefault("NO_COLOR", "1")
+    if not is_terminal(sys.stderr):
+        if "FORCE_COLOR" not in os.environ:
+            os.environ.setdefault("NO_COLOR", "1")
+        # The datasets library's bars ("Generating train split", "Tokenizing ...") redraw with carriage returns.
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def is_terminal(stream: Any) -> bool:

@@ -155,6 +155,48 @@ def test_a_sweep_prints_the_config_tree_once_and_its_details_only_to_each_jobs_l
         assert ("├── trainer" in log) == (job != "0"), log  # a later job's tree: in its own log
 
 
+@pytest.mark.timeout(300)
+def test_other_libraries_chatter_stays_off_the_terminal_and_goes_to_app_log(tmp_path, text_model):
+    pytest.importorskip("peft")
+    pytest.importorskip("mlflow")
+    from transformers import AutoTokenizer, BertModel
+
+    from tests.text_data import pair_rows, write_csv
+
+    # A checkpoint without a classifier (transformers' load report: the head it initialises), LoRA (peft
+    # calls an API transformers deprecates: a FutureWarning), MLflow (its tables created), an export
+    # (transformers' "Writing model shards" bar).
+    base = tmp_path / "encoder"
+    BertModel.from_pretrained(text_model).save_pretrained(base)
+    AutoTokenizer.from_pretrained(text_model).save_pretrained(base)
+    write_csv(tmp_path / "train.csv", ["question", "answer", "label"], pair_rows(64, 1))
+    args = ("task=text_classification", "task.data_files.train=train.csv", "task.text_fields=[question,answer]",
+            f"task.model={base}", "adapter=lora", "logging.trackers=[mlflow]", "trainer.max_steps=4",
+            "trainer.batch_size=8", "logging.print_config=false")
+    screen, _ = run_in_terminal(tmp_path, *args, "hydra.run.dir=run", timeout=240)
+    assert "EXIT=0" in screen, screen[-3000:]
+    with (tmp_path / "redirected.log").open("w") as out:  # python -m app ... > redirected.log 2>&1
+        subprocess.run([sys.executable, "-m", "app", *args, "hydra.run.dir=redirected"], stdout=out,
+                       stderr=subprocess.STDOUT, cwd=tmp_path, timeout=240, check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    redirected = (tmp_path / "redirected.log").read_text()
+    for shown in (screen, redirected):
+        for chatter in ("Loading weights", "Writing model shards", "LOAD REPORT", "MLflow database tables",
+                        "FutureWarning", "[transformers]"):
+            assert chatter not in shown, (chatter, shown[-3000:])
+        # Our own lines whole, the export's last (nothing glued onto it).
+        assert re.search(r"\]\[app\.engine\.checkpoint\]\[INFO\] - exported the \w+ weights \(.*\) to \S+/model$",
+                         shown.rstrip().splitlines()[-1 if shown is redirected else -2]), shown[-1500:]
+    assert "\r" not in redirected and "\x1b" not in redirected, repr(redirected[-2000:])
+    # What they said is in the run's log, in plain text.
+    log = (tmp_path / "run" / "app.log").read_text()
+    assert "\x1b" not in log
+    assert re.search(r"\]\[transformers\.\S+\]\[WARNING\] - BertForSequenceClassification LOAD REPORT from: ", log), log
+    assert "classifier.weight | MISSING" in log
+    assert "[mlflow.store.db.utils][INFO] - Creating initial MLflow database tables" in log
+    assert re.search(r"\]\[py\.warnings\.transformers\]\[WARNING\] - \S+\.py:\d+: FutureWarning: ", log), log
+
+
 def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):
     # Optuna logs through colorlog, which colours whatever the stream; the app asks for plain text
     # (NO_COLOR) when its stderr is not a terminal, before the sweeper imports Optuna.
