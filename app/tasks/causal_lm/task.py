@@ -57,6 +57,12 @@ class CausalLMTask:
 
     def build_data(self, runtime: TaskRuntime) -> TaskData:
         check_data_files(self.cfg.data_files)  # on every process alike, before any of them waits for another
+        if self.cfg.packing and self.tokenizer.eos_token_id is None:
+            source = self.cfg.tokenizer or model_source(self.cfg)
+            raise ConfigError(f"the tokenizer of {source} has no EOS token, so packed documents would run into each "
+                              "other with nothing between them; give a tokenizer that has one (eos_token in its "
+                              "tokenizer_config.json, e.g. tokenizer.eos_token = '</s>' before save_pretrained), or "
+                              "task.packing=false (one document per row).")
         if not runtime.is_main_process:
             import datasets
 
