@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -331,6 +332,17 @@ def test_max_steps_given_alone_trains_past_the_recipes_epoch_and_the_stop_names_
     assert (result["steps"], result["stop_reason"]) == (37, "reached trainer.max_steps (37 optimizer steps)")
     assert [e["step"] for e in eval_events(readme_run)] == [13, 26, 37]  # epochs of 13 steps, then the end
     assert "ends training" not in (readme_run / "app.log").read_text()  # one limit: nothing to weigh
+
+
+@pytest.mark.timeout(240)
+def test_the_log_says_what_the_run_learnt_from(readme_run):
+    # 135 documents train, 15 held out (10 %); blocks of 32 tokens, 8 a batch: the 13 steps of an epoch.
+    assert re.search(r"data: train: 135 documents of corpus\.txt -> (\d+) blocks of 32 tokens \(([\d,]+) tokens\); "
+                     r"evaluation: 15 documents of corpus\.txt \(held out\) -> (\d+) blocks of 32 tokens",
+                     (readme_run / "app.log").read_text())
+    found = re.search(r"-> (\d+) blocks of 32 tokens \(([\d,]+) tokens\)", (readme_run / "app.log").read_text())
+    blocks = int(found.group(1))
+    assert math.ceil(blocks / 8) == 13 and int(found.group(2).replace(",", "")) == 32 * blocks
 
 
 @pytest.mark.signals

@@ -28,6 +28,8 @@ def test_max_steps_given_alone_trains_past_the_tasks_preset_epochs(tmp_path):
     proc = run_app("trainer.max_steps=25", "trainer.batch_size=1437", "hydra.run.dir=run", *QUIET, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert ended(tmp_path / "run") == (25, "reached trainer.max_steps (25 optimizer steps)")
+    # A task that does not describe its data gets its splits' sizes at the start (issue 42, item 11).
+    assert "data: train: 1,437 samples; evaluation: 360 samples\n" in (tmp_path / "run" / "app.log").read_text()
     assert [row["step"] for row in metrics_rows(tmp_path / "run") if "eval/loss" in row] == list(range(1, 26))
 
 
