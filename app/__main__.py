@@ -219,9 +219,9 @@ def exit_interrupted(err: Interrupted) -> NoReturn:
 
 def cli() -> None:
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
-        from app.help import app_help
+        from app.help import app_help, chosen_options
 
-        print(app_help(CONF_DIR), end="")
+        print(app_help(CONF_DIR, chosen_options(sys.argv[1:], CONF_DIR)), end="")
         sys.exit(0)
     from app.launching.launch import adopt_slurm_layout
     from app.launching.resume_argv import argv_for_resume

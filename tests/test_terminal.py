@@ -113,6 +113,24 @@ def test_help_lists_every_option_once_with_keys_and_examples_and_no_schemas(tmp_
     assert re.search(rf"^   \* default\s+max_epochs: {default.trainer.max_epochs} ", text, re.MULTILINE)
 
 
+def test_help_lists_every_key_of_the_chosen_task_and_adapter(tmp_path):
+    import dataclasses
+
+    from app.config import LoraAdapterConfig
+    from app.tasks.causal_lm.config import CausalLMConfig, LMDataFiles
+
+    text = run_app("task=causal_lm", "adapter=lora", "--help", cwd=tmp_path, check=True, timeout=60).stdout
+    assert re.search(r"^   \* causal_lm\s", text, re.MULTILINE) and re.search(r"^   \* lora\s", text, re.MULTILINE)
+    nested = {"data_files": [f"data_files.{f.name}" for f in dataclasses.fields(LMDataFiles)]}
+    task_keys = [key for f in dataclasses.fields(CausalLMConfig) if f.name != "name"
+                 for key in nested.get(f.name, [f.name])]
+    assert f"keys: {', '.join('task.' + k for k in task_keys)}\n" in text, text
+    assert f"keys: {', '.join('adapter.' + f.name for f in dataclasses.fields(LoraAdapterConfig))}\n" in text
+    assert "config_overrides" in task_keys and "adapter.r" in text
+    # The chosen task's recipe is the one the values show.
+    assert re.search(r"^   \* default\s+max_epochs: 1 \(the causal_lm task's", text, re.MULTILINE)
+
+
 @pytest.mark.timeout(120)
 def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colours(tmp_path):
     log_file = tmp_path / "run.log"
