@@ -48,6 +48,9 @@ class JobRow:
     """The monitored metric at each evaluation."""
     losses: list[tuple[int, float]] = field(default_factory=list)
     """train/loss at each log line."""
+    search_space: dict[str, str] = field(default_factory=dict)
+    """An Optuna sweep's space, key -> Hydra's sweep syntax (``tag(log, interval(3e-4, 3e-2))``): what
+    the sweep's plot reads each parameter's scale from."""
 
     @property
     def params(self) -> dict[str, str]:
@@ -133,6 +136,8 @@ def read_job(folder: Path) -> JobRow:
     at_best = next((e for e in evaluations if best_step is not None and int(e["step"]) == best_step), {})
     task = config.get("task", {}).get("name") if isinstance(config, dict) and isinstance(config.get("task"), dict) \
         else None
+    sweeper = hydra.get("sweeper") if isinstance(hydra, dict) else None
+    space = sweeper.get("params") if isinstance(sweeper, dict) else None
     steps = result.get("steps")
     if steps is None and events:
         steps = max(int(e["step"]) for e in events if e.get("step") is not None)
@@ -143,6 +148,7 @@ def read_job(folder: Path) -> JobRow:
         final={k: f for k, v in final.items() if (f := _number(v)) is not None}, curve=curve, losses=losses,
         task=str(task) if task is not None else None,
         at_best={k: f for k, v in at_best.items() if k not in ("step", "epoch") and (f := _number(v)) is not None},
+        search_space={str(k): str(v) for k, v in space.items()} if isinstance(space, dict) else {},
     )
 
 
