@@ -26,10 +26,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from app.config import ConfigError, RunConfig, Tracker
-from app.configure import register_configs, to_run_config
-from app.console import announce, details_to_log_file, enter_parallel_job, protect_output
+from app.configure import limits_as_given, register_configs, to_run_config
+from app.console import announce, details_to_log_file, enter_parallel_job, enter_sweep_job, protect_output
 from app.hydra_errors import composition_sentence, unknown_key_sentence
 from app.interrupts import Interrupted, interrupt_outside_training
+from app.library_logs import library_logs_to_log_file
 from app.refusal import RunFolderUndo
 from app.run_folder import CLAIMS, claim_from_argv
 from app.run_layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS, mlflow_store
@@ -69,6 +70,7 @@ def main(dict_cfg: DictConfig) -> float | None:
             for part in unknown[0].split(".")[:-1]:
                 parent = getattr(parent, part)
             fail(unknown_key_sentence(unknown[0], parent, added=True))
+        limits_as_given(cfg, list(hydra_cfg.overrides.task))
         with parallel_job_lines(hydra_cfg, run_dir):
             return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
     except SystemExit as end:
@@ -89,7 +91,10 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
         # Said at once: the rest of start-up (imports, data) can take seconds.
         log.info("run folder %s", run_dir)
         details_to_log_file()  # each checkpoint's lines: in app.log, not on the terminal
+    library_logs_to_log_file()  # transformers', MLflow's... lines too (app/library_logs.py)
     multirun = hydra_cfg.mode is RunMode.MULTIRUN
+    if multirun:
+        enter_sweep_job()  # the config tree is printed for the first job only (app.console)
     if multirun and cfg.logging.group is None:
         cfg.logging.group = str(hydra_cfg.sweep.dir)  # wandb shows a sweep's jobs as one group
     if Tracker.mlflow in cfg.logging.trackers and cfg.logging.mlflow_tracking_uri is None:
@@ -214,9 +219,9 @@ def exit_interrupted(err: Interrupted) -> NoReturn:
 
 def cli() -> None:
     if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
-        from app.help import app_help
+        from app.help import app_help, chosen_options
 
-        print(app_help(CONF_DIR), end="")
+        print(app_help(CONF_DIR, chosen_options(sys.argv[1:], CONF_DIR)), end="")
         sys.exit(0)
     from app.launching.launch import adopt_slurm_layout
     from app.launching.resume_argv import argv_for_resume

@@ -220,7 +220,9 @@ class TrainerConfig:
 
     max_epochs: int = 10
     max_steps: int = -1
-    """Optimizer steps to run; -1 means ``max_epochs`` decides."""
+    """Optimizer steps to run; -1 means ``max_epochs`` decides. Given on the command line without
+    ``max_epochs``, the steps alone decide (a task's preset epochs do not cut them short:
+    ``app.configure.limits_as_given``)."""
     batch_size: int = 32
     """Per process, per micro-batch."""
     eval_batch_size: int | None = None
@@ -483,8 +485,8 @@ class RunConfig:
         t = self.trainer
         if t.max_steps <= 0:
             raise ConfigError("a streamed training split has no length until it ends, so the schedule needs "
-                              "trainer.max_steps=<optimizer steps> (trainer.max_epochs still stops a run that "
-                              "reaches it first).")
+                              "trainer.max_steps=<optimizer steps> (trainer.max_epochs, given with it, still stops "
+                              "a run that reaches it first).")
         refused = {"trainer.group_by_length=true": t.group_by_length, "trainer.overfit_batches": t.overfit_batches,
                    "trainer.num_workers": t.num_workers}
         for name, value in refused.items():

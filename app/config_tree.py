@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import Any, TextIO
 
-from app.console import in_parallel_job, is_terminal
+from app.console import in_parallel_job, is_terminal, tree_shown_before
 
 _GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
 
@@ -66,9 +66,13 @@ def _scalar(value: Any) -> str:
 
 def show_config(cfg: Any, stream: TextIO | None = None) -> None:
     """Print the tree, coloured only when ``stream`` is a terminal. In a job of a parallel sweep it
-    goes to the job's log instead (the jobs share the terminal)."""
+    goes to the job's log instead (the jobs share the terminal), and so does a sweep job's after the
+    first one this process ran (at DEBUG: the log file only; Hydra's launcher line says its overrides)."""
     if stream is None and in_parallel_job():
         logging.getLogger("app").info("%s", config_tree(cfg))
+        return
+    if stream is None and tree_shown_before():
+        logging.getLogger("app").debug("%s", config_tree(cfg))
         return
     stream = stream or sys.stdout
     print(config_tree(cfg, colour=is_terminal(stream)), file=stream, flush=True)

@@ -8,8 +8,11 @@ passed its own rules: a refused config answers before torch is imported (``bench
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -50,9 +53,30 @@ def register_configs() -> None:
     cs.store(group="adapter", name="adapter_schema", node=AdapterConfig)
     cs.store(group="adapter", name="lora_schema", node=LoraAdapterConfig)
     for name, schema in TASK_SCHEMAS.items():
-        cs.store(group="task", name=f"{name}_schema", node=schema)
+        cs.store(group="task", name=f"{name}_schema", node=schema_node(schema))
     register_grid_sweeper(cs)
     OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
+
+
+def schema_node(schema: type) -> DictConfig:
+    """``schema`` as the node Hydra composes from, its free-key dicts left open: Hydra closes the whole
+    config (a key the schema lacks is refused), and a ``dict[str, ...]`` field such as
+    ``task.config_overrides`` has no keys of its own to lack, so ``task.config_overrides={hidden_size: 64}``
+    and ``task.config_overrides.hidden_size=64`` must add them (the task checks them against the model's
+    configuration). Every other key stays checked."""
+    node = OmegaConf.structured(schema)
+    _open_free_dicts(node, schema)
+    return node
+
+
+def _open_free_dicts(node: Any, schema: Any) -> None:
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        hint = hints[f.name]
+        if typing.get_origin(hint) is dict:
+            OmegaConf.set_struct(node[f.name], False)
+        elif dataclasses.is_dataclass(hint):
+            _open_free_dicts(node[f.name], hint)
 
 
 def to_run_config(dict_cfg: DictConfig) -> RunConfig:
@@ -65,6 +89,18 @@ def to_run_config(dict_cfg: DictConfig) -> RunConfig:
     assert isinstance(cfg, RunConfig)  # conf/config.yaml's root is run_schema
     cfg.task = typed_task_config(cfg.task)
     return cfg
+
+
+def limits_as_given(cfg: RunConfig, overrides: Sequence[str]) -> None:
+    """A limit on the run's length given on the command line (``overrides``: the job's, as Hydra
+    records them) wins over a preset's: ``trainer.max_steps`` given without ``trainer.max_epochs`` lets
+    the steps alone decide (``max_epochs=-1``), whatever epochs the task's recipe (``task=causal_lm``:
+    1), the trainer's default or an experiment set, as ``max_steps`` overrides ``num_train_epochs`` in the
+    HF Trainer and leaves Lightning's ``max_epochs`` unset. Both given: both count, the first reached
+    ends the run and the start says which (``app.engine.budget``)."""
+    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    if "trainer.max_steps" in given and "trainer.max_epochs" not in given and cfg.trainer.max_steps > 0:
+        cfg.trainer.max_epochs = -1
 
 
 def parallel_jobs(processes_per_job: int) -> int:

@@ -20,6 +20,10 @@ before any heavy import.
 - **Native notices** (lines a hardware kind's C++ runtime writes to stderr that say nothing to the
   user, such as torch_xla's) go to ``app.log``; every other line a library writes there, a real
   error included, still reaches the terminal (:func:`native_stderr_to_log`).
+- **The jobs of a sweep run one after another in one process** (Hydra's basic launcher, under the grid
+  and Optuna sweepers): the first prints its config tree, the later ones keep theirs to their own
+  ``app.log`` (Hydra's launcher line, ``#3 : optim.lr=...``, says what each job changes; every job's
+  ``.hydra/`` holds its whole config) (:func:`enter_sweep_job`, :func:`tree_shown_before`).
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ class ClosedPipeSafe:
 def protect_output() -> None:
     """Make ``sys.stdout`` and ``sys.stderr`` safe against a closed pipe (once per process), and,
     when stderr is not a terminal, ask colouring libraries for plain text (``NO_COLOR``; a user's
-    ``FORCE_COLOR`` still wins)."""
+    ``FORCE_COLOR`` still wins) and the datasets library for no bars."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, ClosedPipeSafe):
@@ -104,8 +108,11 @@ def protect_output() -> None:
             for handler in logging.getLogger().handlers:
                 if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
                     handler.setStream(safe)  # type: ignore[arg-type]
-    if not is_terminal(sys.stderr) and "FORCE_COLOR" not in os.environ:
-        os.environ.setdefault("NO_COLOR", "1")
+    if not is_terminal(sys.stderr):
+        if "FORCE_COLOR" not in os.environ:
+            os.environ.setdefault("NO_COLOR", "1")
+        # The datasets library's bars ("Generating train split", "Tokenizing ...") redraw with carriage returns.
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
 
 def is_terminal(stream: Any) -> bool:
@@ -134,17 +141,39 @@ def enter_parallel_job(number: int) -> None:
             root.removeHandler(handler)
 
 
+_DETAILS_OPENED = "_app_details_to_log_file"
+"""Set on the ``app`` logger by :func:`details_to_log_file`: its DEBUG level is ours, not the user's."""
+
+
 def details_to_log_file() -> None:
     """The app's DEBUG lines reach the log file but not the terminal: the ``app`` loggers let them
     through, the root's other handlers stay at INFO. Left as it is when debug lines were asked for
-    (``hydra.verbose=app`` or ``true``: they show on the terminal as well)."""
+    (``hydra.verbose=app`` or ``true``: they show on the terminal as well). Called again for every job
+    of a sweep, whose handlers Hydra makes anew (the ``app`` logger keeps the level set for the first
+    job: that is no request for debug lines)."""
     app_log = logging.getLogger("app")
-    if app_log.isEnabledFor(logging.DEBUG):
+    if app_log.isEnabledFor(logging.DEBUG) and not getattr(app_log, _DETAILS_OPENED, False):
         return
     app_log.setLevel(logging.DEBUG)
+    setattr(app_log, _DETAILS_OPENED, True)
     for handler in logging.getLogger().handlers:
         if not isinstance(handler, logging.FileHandler):
             handler.setLevel(max(handler.level, logging.INFO))
+
+
+_sweep_jobs_started = 0
+"""Jobs of a sweep this process has started (Hydra's basic launcher runs them one after another in it)."""
+
+
+def enter_sweep_job() -> None:
+    """This process starts (another) job of a sweep."""
+    global _sweep_jobs_started
+    _sweep_jobs_started += 1
+
+
+def tree_shown_before() -> bool:
+    """Whether an earlier job of the sweep this process runs has printed its config tree already."""
+    return _sweep_jobs_started > 1
 
 
 def announce(line: str) -> None:

@@ -1,8 +1,10 @@
-"""``python -m app --help``: each config group's options, one line each, the group's main keys, and
-the README's examples. Built from ``conf/`` and the schemas, so it cannot go stale; Hydra's own
-listing would also show the schemas stored beside the options (``hardware_schema``...). Each option
-shows its file's first sentence, or the values it sets as the default run uses them (the default
-task's recipe applied over them); the options Hydra's plugins bring are listed beside ours.
+"""``python -m app --help``: each config group's options, one line each, the keys of the group's
+chosen option, and the README's examples. Built from ``conf/`` and the schemas, so it cannot go stale;
+Hydra's own listing would also show the schemas stored beside the options (``hardware_schema``...).
+Each option shows its file's first sentence, or the values it sets as the run would use them (the
+chosen task's recipe applied over them); the options Hydra's plugins bring are listed beside ours.
+``python -m app task=causal_lm adapter=lora --help`` marks those options chosen and lists their keys
+(every key of the option's schema: ``task.data_files.train``, ``adapter.r``...).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import yaml  # type: ignore[import-untyped]
 
 from app.config import RunConfig
 from app.config_tree import _scalar
+from app.hydra_errors import SCHEMA_SUFFIX
 
 USAGE = """usage: python -m app [group=option ...] [key=value ...]
 
   python -m app --cfg job            print the composed config and exit
   python -m app -m key=a,b           a sweep (Hydra multirun): one run folder per job
   python -m app resume=<run folder>  continue a run (its own overrides are reused)
+  python -m app task=causal_lm --help  the keys of that task (any group=option: that option's keys)
   python -m app --hydra-help         Hydra's own options
 """
 
@@ -103,40 +107,37 @@ def _defaults(conf_dir: Path) -> dict[str, str | None]:
     return chosen
 
 
-def _keys(group: str, options: list[Path]) -> list[str]:
-    """The schema's fields; for groups whose schema depends on the option (task, optim), the keys
-    their option files set, or, for an option that sets none (its values are its schema's defaults),
-    its schema's fields."""
-    field = {f.name: f for f in dataclasses.fields(RunConfig)}.get(group)
-    factory = getattr(field, "default_factory", None) if field is not None else None
-    if factory is not None and factory is not dataclasses.MISSING:
-        return [f.name for f in dataclasses.fields(factory())]
-    if field is None:
+def _keys(group: str, option: Path | None) -> list[str]:
+    """Every key of the schema the chosen option names first in its ``defaults`` (``lora_schema``,
+    ``/task/causal_lm_schema@task``), nested ones dotted (``data_files.train``); none for a group
+    that is no part of the run config (``debug``, ``experiment``) or without a chosen option."""
+    if group not in {f.name for f in dataclasses.fields(RunConfig)} or option is None or not option.exists():
         return []
-    keys: dict[str, None] = {}
-    for option in options:
-        text = option.read_text(encoding="utf-8")
-        loaded = yaml.safe_load(text) or {}
-        if isinstance(loaded.get(group), dict):
-            own = loaded[group]
-        elif text.startswith("# @package _global_"):  # it sets other groups' keys only
-            own = _schema_fields(group, loaded.get("defaults") or [])
-        else:
-            own = loaded
-        keys.update((k, None) for k in own if k not in ("defaults", "name", "_target_"))
-    return list(keys)
-
-
-def _schema_fields(group: str, defaults: list[object]) -> list[str]:
-    """The fields of the schema an option file names first (``/task/<name>_schema@task``), from Hydra's
-    ConfigStore (filled by ``app.configure.register_configs``)."""
-    from hydra.core.config_store import ConfigStore
-
-    for entry in defaults:
-        if isinstance(entry, str) and entry.endswith(f"_schema@{group}"):
-            node = ConfigStore.instance().load(f"{entry.lstrip('/').split('@')[0]}.yaml").node
-            return [str(k) for k in node]
+    loaded = yaml.safe_load(option.read_text(encoding="utf-8")) or {}
+    for entry in loaded.get("defaults") or []:
+        if isinstance(entry, str) and entry.split("@")[0].endswith(SCHEMA_SUFFIX):
+            path = entry.split("@")[0].lstrip("/")
+            return _schema_keys(path if "/" in path else f"{group}/{path}")
     return []
+
+
+def _schema_keys(stored: str) -> list[str]:
+    """The keys of a schema in Hydra's ConfigStore (filled by ``app.configure.register_configs``), a
+    nested dataclass's dotted; a task's ``name`` (set by its option) is left out."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import DictConfig, OmegaConf
+
+    def walk(node: DictConfig, prefix: str) -> list[str]:
+        keys = []
+        for key in map(str, node):
+            value = node._get_node(key)
+            if isinstance(value, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(value)):
+                keys += walk(value, f"{prefix}{key}.")
+            elif not (prefix == "" and key == "name"):
+                keys.append(f"{prefix}{key}")
+        return keys
+
+    return walk(ConfigStore.instance().load(f"{stored}.yaml").node, "")
 
 
 def _examples(readme: Path) -> list[str]:
@@ -160,8 +161,16 @@ def _examples(readme: Path) -> list[str]:
     return block
 
 
-def app_help(conf_dir: Path) -> str:
-    defaults = _defaults(conf_dir)
+def chosen_options(argv: list[str], conf_dir: Path) -> dict[str, str]:
+    """The ``group=option`` choices of a command line (``task=causal_lm``), for the groups of ``conf/``."""
+    groups = {p.parent.relative_to(conf_dir).as_posix() for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir}
+    pairs = (arg.lstrip("+").split("=", 1) for arg in argv if "=" in arg)
+    return {group: option for group, option in pairs if group in groups}
+
+
+def app_help(conf_dir: Path, picked: dict[str, str] | None = None) -> str:
+    """The help text; ``picked``: options the command line chooses (``{"task": "causal_lm"}``) over the defaults."""
+    defaults = {**_defaults(conf_dir), **(picked or {})}
     recipe = _task_recipe(conf_dir, defaults.get("task"))
     out = [USAGE, "Config groups (group=option); the default is marked *:"]
     group_dirs = {p.parent.relative_to(conf_dir).as_posix() for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir}
@@ -176,7 +185,7 @@ def app_help(conf_dir: Path) -> str:
         for name in sorted(lines):
             mark = "*" if name == chosen else " "
             out.append(f"   {mark} {name:<16} {lines[name]}".rstrip())
-        keys = _keys(group, options)
+        keys = _keys(group, conf_dir / group / f"{chosen}.yaml" if chosen is not None else None)
         if keys:
             out.append(f"     keys: {', '.join(f'{group}.{k}' for k in keys)}")
     top = [f.name for f in dataclasses.fields(RunConfig) if f.name not in defaults]

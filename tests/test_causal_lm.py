@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -238,6 +239,110 @@ def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_p
     generated = model.generate(**prompt, max_new_tokens=6, do_sample=False)
     assert generated.shape[1] > prompt["input_ids"].shape[1]
     assert "<unk>" not in tokenizer.decode(generated[0])
+
+
+# -- as the README writes it (issue 42) ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory, llama) -> Path:
+    """``task=causal_lm`` from a config folder with the README's form of ``task.config_overrides``, and
+    ``trainer.max_steps=37`` past the recipe's one epoch (13 optimizer steps of this corpus). The folder's
+    config.json was made apart from its tokenizer: its BOS and EOS ids (0) are not the tokenizer's."""
+    cwd = tmp_path_factory.mktemp("readme")
+    folder = shutil.copytree(llama, cwd / "my_lm")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "bos_token_id": 0, "eos_token_id": 0}))
+    write_text(cwd / "corpus.txt", documents(150, seed=0))
+    run_app("task=causal_lm", "task.config=my_lm", "task.config_overrides={hidden_size: 48}",
+            "task.data_files.train=corpus.txt", "task.block_size=32", "trainer.max_steps=37", "hydra.run.dir=run",
+            "task.cache_dir=cache", *QUIET, cwd=cwd, check=True)
+    return cwd / "run"
+
+
+@pytest.mark.timeout(240)
+def test_config_overrides_written_as_the_readme_does_build_the_model(readme_run):
+    from safetensors import safe_open
+
+    assert json.loads((readme_run / "model" / "config.json").read_text())["hidden_size"] == 48
+    with safe_open(readme_run / "model" / "model.safetensors", "pt") as weights:
+        assert weights.get_slice("model.embed_tokens.weight").get_shape()[1] == 48
+
+
+@pytest.mark.timeout(240)
+def test_a_new_models_special_tokens_are_its_tokenizers_and_the_log_says_so(readme_run, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id
+    assert (eos, bos) == (2, 1)
+    exported = json.loads((readme_run / "model" / "config.json").read_text())
+    generation = json.loads((readme_run / "model" / "generation_config.json").read_text())
+    assert (exported["eos_token_id"], exported["bos_token_id"], generation["eos_token_id"]) == (eos, bos, eos)
+    assert AutoModelForCausalLM.from_pretrained(readme_run / "model").generation_config.eos_token_id == eos
+    assert ("the model's special tokens follow its tokenizer's: eos_token_id 0 -> 2 (</s>), bos_token_id 0 -> 1 (<s>)"
+            in (readme_run / "app.log").read_text())
+
+
+@pytest.mark.timeout(120)
+def test_a_tokenizer_without_eos_is_refused_where_documents_are_packed(tmp_path, llama):
+    from transformers import AutoTokenizer
+
+    folder = shutil.copytree(llama, tmp_path / "no_eos")
+    tokenizer = AutoTokenizer.from_pretrained(llama)
+    tokenizer.eos_token = None
+    tokenizer.save_pretrained(folder)
+    write_text(tmp_path / "corpus.txt", documents(20))
+    proc = run_app("task=causal_lm", "task.config=no_eos", "task.data_files.train=corpus.txt", "hydra.run.dir=run",
+                   *QUIET, cwd=tmp_path, timeout=100)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: the tokenizer of no_eos has no EOS token, so packed documents would run into each other"), proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_readmes_config_folder_recipe_makes_a_folder_the_task_builds_from(tmp_path, llama, monkeypatch):
+    from app.tasks.causal_lm.task import CausalLMTask
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    recipe = readme.split("A `task.config` folder is a model configuration", 1)[1].split("```python\n", 1)[1]
+    recipe = recipe.split("```", 1)[0].replace("<tokenizer folder or hub name>", str(llama))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(recipe, "README.md", "exec"), {})  # noqa: S102 - the README's own code, as a user runs it
+    task = CausalLMTask(compose_config("task=causal_lm", "task.config=my_lm", "task.data_files.train=x.txt").task)
+    model = task.build_model()
+    assert model.config.hidden_size == 256 and model.config.num_hidden_layers == 4
+    assert model.config.eos_token_id == task.tokenizer.eos_token_id == 2
+
+
+def test_a_free_key_dict_takes_keys_in_every_form_and_other_keys_stay_checked(llama):
+    for form in (["task.config_overrides={hidden_size: 48, num_hidden_layers: 1}"],
+                 ["task.config_overrides.hidden_size=48", "+task.config_overrides.num_hidden_layers=1"]):
+        cfg = compose_config("task=causal_lm", f"task.config={llama}", "task.data_files.train=x.txt", *form)
+        assert cfg.task.config_overrides == {"hidden_size": 48, "num_hidden_layers": 1}, form
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="task.block_sze"):
+        compose_config("task=causal_lm", f"task.config={llama}", "task.block_sze=3")
+
+
+@pytest.mark.timeout(240)
+def test_max_steps_given_alone_trains_past_the_recipes_epoch_and_the_stop_names_it(readme_run):
+    result = json.loads((readme_run / "result.json").read_text())
+    assert (result["steps"], result["stop_reason"]) == (37, "reached trainer.max_steps (37 optimizer steps)")
+    assert [e["step"] for e in eval_events(readme_run)] == [13, 26, 37]  # epochs of 13 steps, then the end
+    assert "ends training" not in (readme_run / "app.log").read_text()  # one limit: nothing to weigh
+
+
+@pytest.mark.timeout(240)
+def test_the_log_says_what_the_run_learnt_from(readme_run):
+    # 135 documents train, 15 held out (10 %); blocks of 32 tokens, 8 a batch: the 13 steps of an epoch.
+    assert re.search(r"data: train: 135 documents of corpus\.txt -> (\d+) blocks of 32 tokens \(([\d,]+) tokens\); "
+                     r"evaluation: 15 documents of corpus\.txt \(held out\) -> (\d+) blocks of 32 tokens",
+                     (readme_run / "app.log").read_text())
+    found = re.search(r"-> (\d+) blocks of 32 tokens \(([\d,]+) tokens\)", (readme_run / "app.log").read_text())
+    blocks = int(found.group(1))
+    assert math.ceil(blocks / 8) == 13 and int(found.group(2).replace(",", "")) == 32 * blocks
 
 
 @pytest.mark.signals

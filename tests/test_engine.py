@@ -92,7 +92,7 @@ def test_max_steps_alone_runs_across_epochs(tmp_path):
                           "trainer.max_steps=100", "trainer.batch_size=32", "logging.trackers=[]")
     assert state.global_step == 100
     assert state.epoch >= 2  # digits' train split is ~45 batches of 32
-    assert state.stop_reason == "reached 100 optimizer steps"
+    assert state.stop_reason == "reached trainer.max_steps (100 optimizer steps)"
 
 
 def test_eval_every_n_steps_and_metrics_jsonl(tmp_path):

@@ -1,5 +1,6 @@
 """python -m app mode=eval resume=<model folder | run folder>: the saved weights' metrics on the evaluation
-set, on 1 and 2 processes, with nothing of the trained run touched."""
+set, on 1 and 2 processes, with nothing of the trained run touched; with ``task.predict_test=true``, its
+test split's predictions too."""
 
 from __future__ import annotations
 
@@ -35,6 +36,34 @@ def test_eval_mode_measures_the_saved_weights_and_touches_nothing(tmp_path):
         assert measured["eval/loss"] == pytest.approx(final["eval/loss"], rel=1e-5)
         assert not (out / "checkpoints").exists() and not (out / "model").exists()
     assert snapshot(trained) == before
+
+
+@pytest.mark.timeout(300)
+def test_eval_mode_with_predict_test_writes_one_prediction_per_test_row(tmp_path, text_model):
+    from tests.text_data import pair_rows, write_csv
+
+    header = ["question", "answer", "label"]
+    write_csv(tmp_path / "train.csv", header, pair_rows(200, 1))
+    write_csv(tmp_path / "validation.csv", header, pair_rows(40, 2))
+    write_csv(tmp_path / "test.csv", header[:2], [row[:2] for row in pair_rows(23, 3)])
+    data = ("task=text_classification", "task.data_files.train=train.csv", "task.data_files.validation=validation.csv",
+            "task.data_files.test=test.csv", "task.text_fields=[question,answer]", f"task.model={text_model}")
+    quiet = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
+    # Trained without predictions (the README's first command), then asked for them in mode=eval.
+    run_app(*data, "trainer.max_steps=30", "optim.lr=3e-3", "hydra.run.dir=trained", *quiet, cwd=tmp_path,
+            check=True, timeout=200)
+    assert not (tmp_path / "trained" / "test_predictions.tsv").exists()
+    proc = run_app("mode=eval", "resume=trained", "task.predict_test=true", "hydra.run.dir=evaluated", *quiet,
+                   cwd=tmp_path, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (tmp_path / "evaluated" / "test_predictions.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 1 + 23
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(23)]
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"yes", "no"}
+    # The same weights a training run with task.predict_test=true predicts with (its export: the best).
+    run_app(*data, "trainer.max_steps=30", "optim.lr=3e-3", "task.predict_test=true", "hydra.run.dir=predicted",
+            *quiet, cwd=tmp_path, check=True, timeout=200)
+    assert (tmp_path / "predicted" / "test_predictions.tsv").read_text().splitlines() == lines
 
 
 def test_eval_mode_without_weights_is_one_sentence(tmp_path):

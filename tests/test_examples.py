@@ -103,6 +103,27 @@ def test_the_tabular_example_trains_resumes_evaluates_and_sweeps_from_its_own_fo
 
 
 @pytest.mark.timeout(200)
+def test_eval_and_resume_without_config_dir_use_the_runs_own_config_folder(example):
+    finish(start(example, "task=tabular", "trainer.max_epochs=1", "hydra.run.dir=trained"))
+    # --config-dir forgotten: the run folder's record (.hydra/hydra.yaml) says where task=tabular came from.
+    plain = [sys.executable, "-m", "app", *QUIET]
+    proc = subprocess.run([*plain, "mode=eval", "resume=trained", "hydra.run.dir=evaluated"], cwd=example,
+                          env=ONE_THREAD, capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads((example / "evaluated" / "eval_metrics.json").read_text())["metrics"]
+    assert measured["eval/accuracy"] == evaluations(example / "trained")[-1]["eval/accuracy"]
+    # The folder moved since: one sentence that says what to add, exit 2, nothing written.
+    (example / "conf").rename(example / "my_conf")
+    proc = subprocess.run([*plain, "resume=trained", "trainer.max_epochs=2"], cwd=example, env=ONE_THREAD,
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: the run trained was composed with the config folder {example / 'conf'} (--config-dir), "
+        "which is not there any more; add --config-dir <that folder's new place>.")
+    assert evaluations(example / "trained")[-1]["step"] == 25
+
+
+@pytest.mark.timeout(200)
 def test_the_example_config_is_checked_as_ours_is(example, monkeypatch):
     """An unknown key (added with +), a value the schema's own rule refuses, a typo Hydra refuses as it
     does for our tasks: one sentence each; a wrong type, in this process (the same path as the first

@@ -29,7 +29,7 @@ APP = REPO / "app"
 # to the longest name listed that is itself or a package above it; every module must belong to one.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("app", "app.config", "app.config_tree", "app.console", "app.run_layout", "app.interrupts",
-                    "app.worker_processes")),
+                    "app.worker_processes", "app.library_logs")),
     ("runtime and tasks", ("app.distributed", "app.tasks")),
     ("engine", ("app.engine",)),
     ("launching", ("app.launching", "app.configure", "app.run_folder", "app.report", "app.sweeps", "app.help",

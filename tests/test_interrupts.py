@@ -207,6 +207,23 @@ def test_a_second_ctrl_c_during_the_checkpoint_exits_at_once_and_leaves_only_com
     assert complete_checkpoints(checkpoints)[-1][1].step == newest + 1
 
 
+@pytest.mark.signals
+@pytest.mark.timeout(180)
+def test_an_interrupt_before_the_first_evaluation_says_there_was_none(tmp_path):
+    # Held at step 2 (APP_FAIL_MODE=hold), long before the first evaluation (an epoch: 45 steps), until the
+    # Ctrl-C arrives, however loaded the machine.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "APP_FAIL_AT_STEP": "2", "APP_FAIL_MODE": "hold"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", *ENDLESS, f"hydra.run.dir={tmp_path / 'run'}"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said = wait_for_line(proc, "injected hold")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    out = said + out
+    assert proc.returncode == 130, out[-2000:] + err[-2000:]
+    assert "stopped: interrupted by SIGINT at step 2; no evaluation yet (eval/accuracy not measured)" in out, out
+    assert "None" not in out + err
+
+
 def wait_for_lines(stream, texts: list[str]) -> str:
     """Read ``stream`` line by line until each of ``texts`` was seen (or it ends); what was read."""
     seen = ""

@@ -53,6 +53,21 @@ def test_the_default_store_holds_every_run_and_every_sweep_job_side_by_side(tmp_
     assert mlflow_store(tmp_path / "run", tmp_path / "run", Path("/elsewhere/sweep")).startswith("sqlite:///")
 
 
+@pytest.mark.timeout(200)
+def test_a_run_says_once_where_its_store_is_and_how_to_look_at_it(tmp_path):
+    proc = run_app("logging.trackers=[mlflow]", "trainer.max_steps=3", "hydra.run.dir=runs/x", "logging.print_config=false",
+                   "logging.progress_bar=false", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # Outside the run folder: the folder holding both hydra.run.dir and the default hydra.sweep.dir (outputs/...).
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    said = f"mlflow: this run goes to {uri} (experiment app); see it with: mlflow ui --backend-store-uri {uri}"
+    assert (proc.stdout + proc.stderr).count(said) == 1, proc.stdout[-3000:]
+    assert (tmp_path / "runs" / "x" / "app.log").read_text().count(said) == 1
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("app").experiment_id])
+    assert run.info.run_name == "runs/x" and run.info.status == "FINISHED"
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_mlflow_search_runs_lists_a_three_job_sweep_with_its_metrics_params_and_models(tmp_path):

@@ -110,7 +110,7 @@ def test_a_resumed_run_counts_every_segment_and_exports_the_earlier_best(tmp_pat
     # The first segment ends at max_steps (20); the resumed one goes on to the early stop at 30.
     run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=20"), folder)
     first = json.loads((folder / "result.json").read_text())
-    assert (first["steps"], first["stop_reason"], first["exported"]["step"]) == (20, "reached 20 optimizer steps", 10)
+    assert (first["steps"], first["stop_reason"], first["exported"]["step"]) == (20, "reached trainer.max_steps (20 optimizer steps)", 10)
     with caplog.at_level(logging.INFO):
         run(compose_config(*FIRST_IS_BEST, "trainer.max_steps=60", f"resume={folder}"), folder)
     result = json.loads((folder / "result.json").read_text())

@@ -1,11 +1,13 @@
 """``sweep.png``: each job's curve is labelled by its swept values (not its number), and log-spaced
-values sit on a log axis (``-m optim.lr=1e-3,3e-3,1e-2``)."""
+values sit on a log axis (``-m optim.lr=1e-3,3e-3,1e-2``); an Optuna search's axes follow its search
+space; the legends cover no curve and stay inside the image, and no two tick labels overlap."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
-from app.report.collect import JobRow
+from app.report.collect import JobRow, best_row
 from app.report.plots import log_scale, plot_sweep, sweep_figure
 
 
@@ -23,10 +25,11 @@ def grid_rows(tmp_path: Path) -> list[JobRow]:
 
 def test_sweep_plot_labels_jobs_by_their_values_on_a_log_axis(tmp_path):
     fig = sweep_figure(grid_rows(tmp_path))
-    curves, objective = fig.axes[0], fig.axes[1]
-    labels = [text.get_text() for text in curves.get_legend().get_texts()]
+    objective = fig.axes[1]
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]
     assert labels == ["optim.lr=0.001, task.dropout=0.123", "optim.lr=0.003 (best)", "optim.lr=0.01"], labels
     assert objective.get_xlabel() == "optim.lr" and objective.get_xscale() == "log"
+    assert [label.get_text() for label in objective.get_xticklabels()] == ["0.001", "0.003", "0.01"]  # the grid's values
     plot_sweep(grid_rows(tmp_path), tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -34,3 +37,53 @@ def test_sweep_plot_labels_jobs_by_their_values_on_a_log_axis(tmp_path):
 def test_log_axis_only_for_values_spread_that_way():
     assert log_scale([1e-3, 3e-3, 1e-2]) and log_scale([1e-4, 1e-3]) and log_scale([0.001, 0.002, 0.004, 0.008])
     assert not log_scale([16, 32, 48, 64]) and not log_scale([0.1, 0.2]) and not log_scale([0.0, 0.1, 0.4])
+
+
+# conf/hparams_search/digits_optuna.yaml's space, as each job's .hydra/hydra.yaml records it.
+DIGITS_SPACE = {"optim.lr": "tag(log, interval(3e-4, 3e-2))", "optim.weight_decay": "interval(0.0, 0.1)",
+                "task.dropout": "interval(0.0, 0.4)", "trainer.batch_size": "choice(16, 32, 64)"}
+
+
+def optuna_rows(tmp_path: Path) -> list[JobRow]:
+    """Ten trials of that search, four of them pruned, with Optuna's long floats."""
+    rng = random.Random(0)
+    rows = []
+    for job in range(10):
+        params = {"optim.lr": 10 ** rng.uniform(-3.5, -1.5), "optim.weight_decay": rng.uniform(0, 0.1),
+                  "task.dropout": rng.uniform(0, 0.4), "trainer.batch_size": rng.choice([16, 32, 64])}
+        pruned = job >= 6
+        curve = [(23 * i, 0.7 + 0.02 * i + 0.01 * rng.random()) for i in range(1, 4 if pruned else 9)]
+        rows.append(JobRow(folder=tmp_path / str(job), job=job, overrides=[f"{k}={v}" for k, v in params.items()],
+                           status="pruned" if pruned else "finished", monitor="eval/accuracy", mode="max",
+                           best=max(v for _, v in curve), best_step=curve[-1][0], steps=curve[-1][0],
+                           wall_time_s=1.0, curve=curve, search_space=dict(DIGITS_SPACE)))
+    return rows
+
+
+def test_an_optuna_search_keeps_its_legends_off_the_curves_and_no_tick_labels_overlap(tmp_path):
+    rows = optuna_rows(tmp_path)
+    fig = sweep_figure(rows)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    _curves, *objectives = [ax for ax in fig.axes if ax.get_visible()]
+    # The curves' legend: every job and the pruned marker, under the panels, whole inside the image.
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert len(fig.legends[0].get_texts()) == 11
+    assert fig.bbox.x0 <= legend.x0 and legend.x1 <= fig.bbox.x1 and fig.bbox.y0 <= legend.y0
+    assert all(not legend.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes if ax.get_visible())
+    # Each axis as the search space says; tick labels apart, each inside the image.
+    assert [(ax.get_xlabel(), ax.get_xscale()) for ax in objectives] == [
+        ("optim.lr", "log"), ("optim.weight_decay", "linear"), ("task.dropout", "linear"),
+        ("trainer.batch_size", "linear")]
+    chosen = sorted({int(r.params["trainer.batch_size"]) for r in rows if r.status == "finished"})
+    assert [t.get_text() for t in objectives[3].get_xticklabels()] == [str(v) for v in chosen]  # a choice: its values
+    best = best_row(rows)
+    for ax in objectives:
+        low, high = sorted(ax.get_xlim())
+        labels = [t for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]  # drawn
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        assert len(boxes) >= 2, ax.get_xlabel()
+        assert all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), \
+            (ax.get_xlabel(), [t.get_text() for t in labels])
+        assert all(fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 for box in boxes)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"best (job {best.job})"]

@@ -113,6 +113,24 @@ def test_help_lists_every_option_once_with_keys_and_examples_and_no_schemas(tmp_
     assert re.search(rf"^   \* default\s+max_epochs: {default.trainer.max_epochs} ", text, re.MULTILINE)
 
 
+def test_help_lists_every_key_of_the_chosen_task_and_adapter(tmp_path):
+    import dataclasses
+
+    from app.config import LoraAdapterConfig
+    from app.tasks.causal_lm.config import CausalLMConfig, LMDataFiles
+
+    text = run_app("task=causal_lm", "adapter=lora", "--help", cwd=tmp_path, check=True, timeout=60).stdout
+    assert re.search(r"^   \* causal_lm\s", text, re.MULTILINE) and re.search(r"^   \* lora\s", text, re.MULTILINE)
+    nested = {"data_files": [f"data_files.{f.name}" for f in dataclasses.fields(LMDataFiles)]}
+    task_keys = [key for f in dataclasses.fields(CausalLMConfig) if f.name != "name"
+                 for key in nested.get(f.name, [f.name])]
+    assert f"keys: {', '.join('task.' + k for k in task_keys)}\n" in text, text
+    assert f"keys: {', '.join('adapter.' + f.name for f in dataclasses.fields(LoraAdapterConfig))}\n" in text
+    assert "config_overrides" in task_keys and "adapter.r" in text
+    # The chosen task's recipe is the one the values show.
+    assert re.search(r"^   \* default\s+max_epochs: 1 \(the causal_lm task's", text, re.MULTILINE)
+
+
 @pytest.mark.timeout(120)
 def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colours(tmp_path):
     log_file = tmp_path / "run.log"
@@ -137,6 +155,66 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
     assert details == ["saved checkpoint checkpoints/checkpoint_0 (step 45)",
                        "saved checkpoint checkpoints/checkpoint_1 (step 90)",
                        "removed old checkpoint checkpoints/checkpoint_0 (checkpoint.total_limit=1)"], details
+
+
+@pytest.mark.timeout(180)
+def test_a_sweep_prints_the_config_tree_once_and_its_details_only_to_each_jobs_log(tmp_path):
+    # Hydra's basic launcher runs the three jobs one after another in one process; a checkpoint every 5
+    # steps gives each job its saved/removed lines (DEBUG), which once reached the terminal from job 1 on.
+    screen, _ = run_in_terminal(
+        tmp_path, "-m", "optim.lr=1e-3,3e-3,1e-2", "trainer.max_epochs=-1", "trainer.max_steps=20",
+        "checkpoint.every_n_steps=5", "checkpoint.total_limit=1", "logging.trackers=[]", "hydra.sweep.dir=sweep")
+    assert "EXIT=0" in screen, screen[-3000:]
+    assert screen.count("├── trainer") == 1, screen  # job 0's tree
+    assert [re.search(r"#(\d) : optim\.lr=", line).group(1) for line in screen.splitlines() if " : optim.lr=" in line] \
+        == ["0", "1", "2"]  # then each job's overrides (Hydra's launcher line)
+    assert "DEBUG" not in screen and "checkpoint_" not in screen, screen
+    for job in ("0", "1", "2"):
+        log = (tmp_path / "sweep" / job / "app.log").read_text()
+        assert "[DEBUG] - saved checkpoint checkpoints/checkpoint_3 (step 20)" in log, log
+        assert ("├── trainer" in log) == (job != "0"), log  # a later job's tree: in its own log
+
+
+@pytest.mark.timeout(300)
+def test_other_libraries_chatter_stays_off_the_terminal_and_goes_to_app_log(tmp_path, text_model):
+    pytest.importorskip("peft")
+    pytest.importorskip("mlflow")
+    from transformers import AutoTokenizer, BertModel
+
+    from tests.text_data import pair_rows, write_csv
+
+    # A checkpoint without a classifier (transformers' load report: the head it initialises), LoRA (peft
+    # calls an API transformers deprecates: a FutureWarning), MLflow (its tables created), an export
+    # (transformers' "Writing model shards" bar).
+    base = tmp_path / "encoder"
+    BertModel.from_pretrained(text_model).save_pretrained(base)
+    AutoTokenizer.from_pretrained(text_model).save_pretrained(base)
+    write_csv(tmp_path / "train.csv", ["question", "answer", "label"], pair_rows(64, 1))
+    args = ("task=text_classification", "task.data_files.train=train.csv", "task.text_fields=[question,answer]",
+            f"task.model={base}", "adapter=lora", "logging.trackers=[mlflow]", "trainer.max_steps=4",
+            "trainer.batch_size=8", "logging.print_config=false")
+    screen, _ = run_in_terminal(tmp_path, *args, "hydra.run.dir=run", timeout=240)
+    assert "EXIT=0" in screen, screen[-3000:]
+    with (tmp_path / "redirected.log").open("w") as out:  # python -m app ... > redirected.log 2>&1
+        subprocess.run([sys.executable, "-m", "app", *args, "hydra.run.dir=redirected"], stdout=out,
+                       stderr=subprocess.STDOUT, cwd=tmp_path, timeout=240, check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    redirected = (tmp_path / "redirected.log").read_text()
+    for shown in (screen, redirected):
+        for chatter in ("Loading weights", "Writing model shards", "LOAD REPORT", "MLflow database tables",
+                        "FutureWarning", "[transformers]"):
+            assert chatter not in shown, (chatter, shown[-3000:])
+        # Our own lines whole, the export's last (nothing glued onto it).
+        assert re.search(r"\]\[app\.engine\.checkpoint\]\[INFO\] - exported the \w+ weights \(.*\) to \S+/model$",
+                         shown.rstrip().splitlines()[-1 if shown is redirected else -2]), shown[-1500:]
+    assert "\r" not in redirected and "\x1b" not in redirected, repr(redirected[-2000:])
+    # What they said is in the run's log, in plain text.
+    log = (tmp_path / "run" / "app.log").read_text()
+    assert "\x1b" not in log
+    assert re.search(r"\]\[transformers\.\S+\]\[WARNING\] - BertForSequenceClassification LOAD REPORT from: ", log), log
+    assert "classifier.weight | MISSING" in log
+    assert "[mlflow.store.db.utils][INFO] - Creating initial MLflow database tables" in log
+    assert re.search(r"\]\[py\.warnings\.transformers\]\[WARNING\] - \S+\.py:\d+: FutureWarning: ", log), log
 
 
 def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):

@@ -136,6 +136,24 @@ def test_string_labels_of_pairs_a_held_out_evaluation_set_and_the_export(tmp_pat
     assert (tmp_path / "p.tsv").read_text().splitlines()[1:] == ["0\tyes", "1\tno"]  # as the data writes them
 
 
+def test_the_data_summary_counts_the_rows_cut_at_max_length_and_names_the_held_out_set(tmp_path, tiny_model):
+    from transformers import AutoTokenizer
+
+    rows = topic_rows(50, seed=4)  # 5 to 13 words: some longer than 10 tokens, some not
+    write_csv(tmp_path / "topics.csv", ["text", "label"], rows)
+    task = task_for(tmp_path, tiny_model, files={"train": str(tmp_path / "topics.csv")}, text_fields=["text"],
+                    max_length=10, eval_fraction=0.2)
+    data = task.build_data(FakeRuntime())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    long = [len(tokenizer(text)["input_ids"]) >= 10 for text, _ in rows]
+    cut_eval = sum(len(ids) >= 10 for ids in data.eval["input_ids"])
+    assert 0 < sum(long) < len(rows) and cut_eval + sum(len(ids) >= 10 for ids in data.train["input_ids"]) == sum(long)
+    assert task.data_summary() == [
+        f"train: 40 rows of {tmp_path / 'topics.csv'}", f"evaluation: 10 rows of {tmp_path / 'topics.csv'} (held out)",
+        "labels 0=0, 1=1, 2=2, 3=3, 4=4",
+        f"rows cut at task.max_length=10 tokens: {sum(long) - cut_eval} training, {cut_eval} evaluation"]
+
+
 def test_the_label_column_says_which_problem(tmp_path, tiny_model):
     """Integers: classes (by number: 10 after 9); floats: a regression; lists: a multi-label problem.
     The metrics the monitor may name follow (before the data is read: those of every problem)."""
@@ -211,7 +229,15 @@ def test_two_text_columns_with_yes_no_labels_train_predict_and_export_their_labe
             "trainer.max_steps=4", "trainer.eval_every_n_steps=2", "trainer.batch_size=8", *QUIET,
             f"hydra.run.dir={run_dir}", cwd=tmp_path, check=True, timeout=220, env={"OMP_NUM_THREADS": "1"})
 
-    assert (run_dir / "app.log").read_text().count("training text_classification on 1 process(es);") == 1
+    log = (run_dir / "app.log").read_text()
+    assert log.count("training text_classification on 1 process(es);") == 1
+    # What it learnt from, at the start: the splits, the labels' ids, the pairs cut at max_length (issue 42, item 11).
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    cut = {name: sum(len(tokenizer(q, a)["input_ids"]) >= 32 for q, a, _ in pair_rows(n, seed=seed))
+           for name, n, seed in (("training", 48, 1), ("evaluation", 21, 2))}
+    assert (f"data: train: 48 rows of train.csv; evaluation: 21 rows of dev.csv; test: 7 rows of test.csv; labels "
+            f"no=0, yes=1; rows cut at task.max_length=32 tokens: {cut['training']} training, {cut['evaluation']} "
+            "evaluation\n") in log, log
     events = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [e for e in events if "eval/f1" in e]
     assert [e["step"] for e in evals] == [2, 4]

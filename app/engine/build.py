@@ -21,6 +21,7 @@ from app.engine.activation_checkpointing import enable_gradient_checkpointing
 from app.engine.adapters import attach_adapter
 from app.engine.loop import Components, batches_per_pass, total_optimizer_steps
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
+from app.engine.summary import data_summary
 from app.engine.threads import choose_threads, use_threads
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
@@ -53,6 +54,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     data = debug_subsets(cfg, task.build_data(accelerator))
     check_monitor(cfg, task)  # again: a task may learn its metrics from its data (text_classification's problem)
     streamed = check_streamed(task, data)
+    log.info("data: %s", data_summary(task, data))
     if not streamed:
         check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()

@@ -1,6 +1,7 @@
 """``python -m app mode=eval resume=<run folder | checkpoint | model folder>``: evaluate saved weights on
 the evaluation set, on one or several processes, without training. Nothing of the trained run is
-written: the metrics go to the new run folder (its log and ``eval_metrics.json``).
+written: the metrics go to the new run folder (its log and ``eval_metrics.json``), and with
+``task.predict_test=true`` the test split's predictions too (``test_predictions.tsv``).
 
 A run folder means what the run exported (``model/``: with ``checkpoint.export=best`` its best
 evaluation's weights); one without an export, its newest checkpoint. ``resume=<run>/checkpoints/checkpoint_<N>``
@@ -20,8 +21,9 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy
 from app.engine.checkpoint_resume import export_description, exported_model_of, is_model_folder
 from app.engine.loop import LoopState, evaluate
+from app.engine.predict import write_test_predictions
 from app.engine.progress import human, human_metrics
-from app.run_layout import EVAL_METRICS_FILE, checkpoints_dir
+from app.run_layout import EVAL_METRICS_FILE, PREDICTIONS_FILE, checkpoints_dir
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
         if accelerator.is_main_process:
             (run_dir / EVAL_METRICS_FILE).write_text(
                 json.dumps({"source": str(source.resolve()), "metrics": metrics}, indent=1) + "\n", encoding="utf-8")
+        if cfg.predicts_test:
+            # The same weights (and pair orders) as the evaluation, as a training run predicts after its export.
+            write_test_predictions(components, run_dir / PREDICTIONS_FILE)
         return float(metrics.get(cfg.early_stopping.monitor, float("nan")))
     finally:
         accelerator.end_training()

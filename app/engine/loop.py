@@ -23,6 +23,7 @@ from app.config import RunConfig
 from app.distributed import Accelerator
 from app.distributed.host_reads import HostRead
 from app.distributed.step_flags import StepFlag
+from app.engine.budget import Budget, Limit, epochs, training_budget
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
@@ -165,11 +166,6 @@ def summed_loss(acc: Accelerator, out: StepOutput) -> tuple[torch.Tensor, torch.
     return losses.sum(), items * losses.shape[0]
 
 
-def steps_per_epoch(num_batches: int, accumulation: int) -> int:
-    """Optimizer steps in one epoch: the last, shorter accumulation window also steps."""
-    return math.ceil(num_batches / accumulation)
-
-
 def batches_per_pass(loader: Any) -> int | None:
     """A prepared loader's batches per epoch; None for a stream, whose pass ends when its data does."""
     try:
@@ -180,12 +176,8 @@ def batches_per_pass(loader: Any) -> int | None:
 
 def total_optimizer_steps(cfg: RunConfig, num_batches: int | None) -> int:
     """The run's optimizer steps: max_steps, or max_epochs' worth of batches if fewer (``num_batches``
-    None: a stream's, unknown: max_steps, which the config then requires)."""
-    by_epochs = None
-    if cfg.trainer.max_epochs > 0 and num_batches is not None:
-        by_epochs = steps_per_epoch(num_batches, cfg.trainer.gradient_accumulation_steps) * cfg.trainer.max_epochs
-    by_steps = cfg.trainer.max_steps if cfg.trainer.max_steps > 0 else None
-    return min(s for s in (by_epochs, by_steps) if s is not None)
+    None: a stream's, unknown: max_steps, which the config then requires); ``app.engine.budget``."""
+    return training_budget(cfg.trainer, num_batches).total_steps
 
 
 @torch.no_grad()
@@ -256,8 +248,8 @@ class StopReason(enum.Enum):
     :meth:`sentence`. Decided in one place per kind: :meth:`Training.should_stop` after each optimizer
     step, the budget at an epoch's end, early stopping at an evaluation, the signal's name in ``fit``."""
 
-    max_steps = "reached {total_steps} optimizer steps"
-    max_epochs = "reached {max_epochs} epochs"
+    max_steps = "reached trainer.max_steps ({total_steps} optimizer steps)"
+    max_epochs = "reached trainer.max_epochs ({epochs}, {total_steps} optimizer steps)"
     no_improvement = "{monitor} did not improve for {evaluations} evaluations (best {best})"
     non_finite_loss = NON_FINITE_LOSS + " {loss} at step {step}"
     interrupted = "interrupted"
@@ -278,10 +270,12 @@ def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
     ``state.stop_signal`` says which signal."""
     acc = c.accelerator
     checkpoints = checkpoints or NoCheckpoints()
-    total_steps = total_optimizer_steps(cfg, batches_per_pass(c.train_loader))
-    progress = Progress(total_steps, initial=state.global_step, enabled=c.show_progress)
+    budget = training_budget(cfg.trainer, batches_per_pass(c.train_loader))
+    if (plan := budget.start_sentence()) is not None:
+        log.info("%s", plan)
+    progress = Progress(budget.total_steps, initial=state.global_step, enabled=c.show_progress)
     try:
-        train(Training(c, cfg, state, stopper, checkpoints, interrupts, progress, total_steps))
+        train(Training(c, cfg, state, stopper, checkpoints, interrupts, progress, budget))
         # Every process learns whether any was signalled (one all-reduce per run).
         signalled = interrupts.received if interrupts is not None else None
         agreed = int(acc.reduce(torch.tensor([float(signalled or 0)], device=acc.device), reduction="max").item())
@@ -343,10 +337,10 @@ class Training:
     does (:meth:`on_epoch_end`) and when the step and epoch budget is spent (:meth:`check_budget`)."""
 
     def __init__(self, c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,
-                 checkpoints: CheckpointHook, interrupts: StopSignals | None, progress: Progress, total_steps: int):
+                 checkpoints: CheckpointHook, interrupts: StopSignals | None, progress: Progress, budget: Budget):
         acc, t = c.accelerator, cfg.trainer
         self.c, self.acc, self.state, self.stopper, self.checkpoints = c, acc, state, stopper, checkpoints
-        self.progress, self.total_steps, self.max_epochs = progress, total_steps, t.max_epochs
+        self.progress, self.budget, self.total_steps = progress, budget, budget.total_steps
         self.log_every, self.eval_every, self.max_grad_norm = t.log_every_n_steps, t.eval_every_n_steps, t.max_grad_norm
         self.stop_on_nan = cfg.early_stopping.stop_on_nan
         self.several_processes = acc.num_processes > 1
@@ -469,17 +463,19 @@ class Training:
 
     def budget_spent(self, epochs: int) -> bool:
         """Whether trainer.max_steps or trainer.max_epochs is used up after ``epochs`` whole epochs."""
-        return self.state.global_step >= self.total_steps or 0 < self.max_epochs <= epochs
+        return self.budget.reached(self.state.global_step, epochs) is not None
 
     def check_budget(self) -> None:
-        """Stop when trainer.max_steps, else trainer.max_epochs, is used up (max_epochs <= 0 leaves
-        the end to max_steps; the config refuses runs with neither)."""
+        """Stop when the limit that ends the run (``app.engine.budget``: trainer.max_steps or
+        trainer.max_epochs, the first reached) is used up; the stop sentence names it."""
         if self.stop is not None:
             return
-        if self.state.global_step >= self.total_steps:
+        reached = self.budget.reached(self.state.global_step, self.state.epoch)
+        if reached is Limit.max_steps:
             self.stop_for(StopReason.max_steps, total_steps=self.total_steps)
-        elif 0 < self.max_epochs <= self.state.epoch:
-            self.stop_for(StopReason.max_epochs, max_epochs=self.max_epochs)
+        elif reached is Limit.max_epochs:
+            self.stop_for(StopReason.max_epochs, epochs=epochs(self.budget.max_epochs),
+                          total_steps=self.state.global_step)
 
     def log_training_loss(self, step: int, keep_window: bool = False) -> None:
         """Close the logging window: start reading its summed loss (and tokens) on the host, and write

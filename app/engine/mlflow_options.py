@@ -10,6 +10,7 @@ number, so ``mlflow ui`` lists single runs and sweep jobs side by side and a swe
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,3 +41,16 @@ def run_name(run_dir: Path, uri: str | None) -> str:
         if folder.is_relative_to(store):
             return str(folder.relative_to(store))
     return folder.name
+
+
+def mlflow_location(cfg: RunConfig) -> str | None:
+    """Where the mlflow tracker writes and how to look at it, said once at the start (None without
+    it): the default store is beside the run folders (``runs/mlflow.db`` for a run in ``runs/x``), which
+    nothing else tells the user."""
+    if Tracker.mlflow not in cfg.logging.trackers or cfg.logging.mlflow_tracking_uri is None:
+        return None
+    uri = cfg.logging.mlflow_tracking_uri
+    said = f"mlflow: this run goes to {uri} (experiment {cfg.logging.project_name})"
+    if uri.startswith(("sqlite:///", "file:")) or "://" not in uri:
+        said += f"; see it with: mlflow ui --backend-store-uri {shlex.quote(uri)}"
+    return said

@@ -61,11 +61,14 @@ class Progress:
                             file=sys.stderr, mininterval=0.5, leave=leave)
             root = logging.getLogger()
             before = list(root.handlers)
-            console_level = max((h.level for h in before if not isinstance(h, logging.FileHandler)), default=0)
+            consoles = [h for h in before if not isinstance(h, logging.FileHandler)]
+            console_level = max((h.level for h in consoles), default=0)
             self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
-            for handler in root.handlers:  # tqdm's stand-in for the console's handler, at its level
+            for handler in root.handlers:  # tqdm's stand-in for the console's handler, at its level, with its filters
                 if handler not in before:
                     handler.setLevel(console_level)
+                    for kept in {f for console in consoles for f in console.filters}:
+                        handler.addFilter(kept)
         elif enabled and leave and total:
             self.plain = PlainProgress(desc, total, initial, unit)
 

@@ -20,13 +20,14 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.checkpoint import CheckpointPolicy, export_model, tracker_kwargs
 from app.engine.divergence import weights_are_finite
 from app.engine.loop import LoopState, fit
-from app.engine.mlflow_options import mlflow_kwargs
+from app.engine.mlflow_options import mlflow_kwargs, mlflow_location
 from app.engine.model_card import model_card
 from app.engine.predict import write_test_predictions
 from app.engine.progress import human
 from app.engine.pruning import Pruning
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, objective, write_result
 from app.engine.summary import model_summary
+from app.engine.triggers import EarlyStopping
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
 from app.run_layout import MODEL_DIR, PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
 
@@ -106,6 +107,8 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         accelerator.init_trackers(cfg.logging.project_name, config=as_plain(cfg),
                                   init_kwargs={**tracker_kwargs(resumed, cfg.logging.group),
                                                **mlflow_kwargs(cfg, run_dir, resumed is not None)})
+        if (mlflow_store := mlflow_location(cfg)) is not None:
+            log.info("%s", mlflow_store)
         log.info("training %s on %d process(es); %s; run folder %s", cfg.task.name, accelerator.num_processes,
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision, components.threads),
@@ -115,8 +118,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
                 profiling(cfg, accelerator, run_dir) as components.profiler:
             fit(components, cfg, state, stopper, checkpoints, interrupts)
         throughput = components.throughput.summary() if components.throughput is not None else ""
-        log.info("stopped: %s; best %s = %s%s%s", state.stop_reason, stopper.monitor, human(stopper.best),
-                 "" if stopper.best_step is None else f" (step {stopper.best_step})",
+        log.info("stopped: %s; %s%s", state.stop_reason, best_so_far(stopper),
                  f"; throughput {throughput}" if throughput else "")
         if state.stop_signal is not None:
             interrupted = RunInterrupted(state.stop_signal, state.global_step, str(run_dir))
@@ -164,6 +166,15 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
         if report is not None:
             log.info("%s", report)
         accelerator.end_training()
+
+
+def best_so_far(stopper: EarlyStopping) -> str:
+    """``best eval/accuracy = 0.9694 (step 405)``, or that nothing was evaluated yet (a run stopped before
+    its first evaluation: an interrupt)."""
+    if stopper.best is None:
+        return f"no evaluation yet ({stopper.monitor} not measured)"
+    return f"best {stopper.monitor} = {human(stopper.best)}" + (
+        "" if stopper.best_step is None else f" (step {stopper.best_step})")
 
 
 def exported_model(metadata: dict[str, Any]) -> dict[str, Any]:

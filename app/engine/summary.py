@@ -1,10 +1,30 @@
-"""The model summary logged once at start: parameters, size, and where and how the run computes."""
+"""What the start of the log says: the data the run learns from, and the model (parameters, size, and
+where and how the run computes)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from torch import nn
 
 from app.engine.adapters import describe
+from app.tasks.base import DescribesData, Task, TaskData
+
+
+def data_summary(task: Task, data: TaskData) -> str:
+    """e.g. ``train: 200 rows of train.csv; evaluation: 40 rows of validation.csv; labels no=0, yes=1;
+    ...``: the task's own account (:class:`app.tasks.base.DescribesData`), else each split's size."""
+    if isinstance(task, DescribesData) and (facts := task.data_summary()):
+        return "; ".join(facts)
+    splits = {"train": data.train, "evaluation": data.eval, **{f"evaluation {n}": d for n, d in data.extra_eval.items()}}
+    return "; ".join(f"{name}: {_size(split)}" for name, split in splits.items())
+
+
+def _size(split: Any) -> str:
+    try:
+        return f"{len(split):,} samples"
+    except TypeError:
+        return "a stream"
 
 
 def model_summary(model: nn.Module, hardware: str, device: object, precision: str, threads: object = None) -> str:

@@ -25,6 +25,7 @@ from app.console import details_to_log_file, in_parallel_job, native_stderr_to_l
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.hub_kernels import hub_kernels_off_by_default, keep_hub_kernels_off
 from app.launching.processes import run_on_processes, start_worker_server
+from app.library_logs import library_logs_to_log_file
 from app.run_folder import write_hydra_record
 from app.worker_processes import WorkerFailed, call_blaming_the_cause
 
@@ -185,6 +186,7 @@ def configure_worker_logging(rank: int, log_file: str | None) -> None:
     root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     if rank == 0:
         details_to_log_file()
+    library_logs_to_log_file()  # the libraries' chatter: to the log file (rank 0's), never to a terminal
 
 
 def _current_log_file() -> str | None:

@@ -5,7 +5,9 @@ folder or a run folder, the arguments become: the original run's overrides (from
 ``.hydra/overrides.yaml``, minus any key given again now and the keys inside a group chosen again),
 then the new ones (which win), then
 ``hydra.run.dir=<original run folder>``. The resumed run so logs into the same folder, continues the
-checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it.
+checkpoint numbering and the same TensorBoard run, and trains the same task without retyping it. A run
+composed with ``--config-dir <dir>`` (a task from the user's config folder) is composed with that
+folder again when the command line names none (``hydra.searchpath``, as recorded in ``.hydra/hydra.yaml``).
 
 With ``mode=eval`` the path may also be an exported ``model/`` folder (a run folder means its
 ``model/``, when it has one), and no ``hydra.run.dir`` is added: the evaluation gets a new run folder.
@@ -24,10 +26,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from app.config import ConfigError
 from app.engine.checkpoint_resume import exported_model_of, is_model_folder
 from app.launching.overrides import override_key, quote, unquote
 from app.launching.slurm import requeued
-from app.run_layout import HYDRA_OVERRIDES, hydra_file
+from app.run_layout import HYDRA_OVERRIDES, HYDRA_SETTINGS, hydra_file
 
 
 def original_overrides(run_folder: Path) -> list[str]:
@@ -40,6 +43,25 @@ def original_overrides(run_folder: Path) -> list[str]:
     except (OSError, yaml.YAMLError):
         return []
     return [str(item) for item in loaded] if isinstance(loaded, list) else []
+
+
+def recorded_searchpath(run_folder: Path) -> list[str]:
+    """The config folders the run was composed with (``--config-dir``: Hydra's ``hydra.searchpath``), as
+    recorded in its ``.hydra/hydra.yaml``; a recorded local folder that is gone is refused in one sentence."""
+    import yaml  # type: ignore[import-untyped]
+
+    try:
+        settings = yaml.safe_load(hydra_file(run_folder, HYDRA_SETTINGS).read_text())
+        searchpath = settings["hydra"]["searchpath"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return []
+    folders = [str(entry) for entry in searchpath or []]
+    for entry in folders:
+        local = Path(entry.removeprefix("file://"))
+        if "://" not in entry.replace("file://", "", 1) and not local.is_dir():
+            raise ConfigError(f"the run {run_folder} was composed with the config folder {local} (--config-dir), "
+                              "which is not there any more; add --config-dir <that folder's new place>.")
+    return folders
 
 
 def argv_for_resume(argv: list[str]) -> list[str]:
@@ -74,4 +96,7 @@ def argv_for_resume(argv: list[str]) -> list[str]:
     earlier = [arg for arg in original_overrides(run_folder)
                if override_key(arg) not in given and override_key(arg) not in ("resume", "overwrite", "mode")
                and not override_key(arg).startswith("hydra") and override_key(arg).split(".")[0] not in regrouped]
-    return earlier + argv + ([] if evaluating else [f"hydra.run.dir={quote(str(run_folder))}"])
+    # Its config folder (--config-dir), unless this command line names one: its task may come from there.
+    searchpath = [] if "hydra.searchpath" in given else recorded_searchpath(run_folder)
+    config_dir = [f"hydra.searchpath=[{','.join(quote(entry) for entry in searchpath)}]"] if searchpath else []
+    return earlier + argv + config_dir + ([] if evaluating else [f"hydra.run.dir={quote(str(run_folder))}"])

@@ -50,6 +50,9 @@ class JobRow:
     """train/loss at each log line."""
     exported: dict[str, Any] | None = None
     """What the job's ``model/`` holds (``result.json``'s ``exported``: weights, checkpoint, step, metrics)."""
+    search_space: dict[str, str] = field(default_factory=dict)
+    """An Optuna sweep's space, key -> Hydra's sweep syntax (``tag(log, interval(3e-4, 3e-2))``): what
+    the sweep's plot reads each parameter's scale from."""
 
     @property
     def params(self) -> dict[str, str]:
@@ -135,6 +138,8 @@ def read_job(folder: Path) -> JobRow:
     at_best = next((e for e in evaluations if best_step is not None and int(e["step"]) == best_step), {})
     task = config.get("task", {}).get("name") if isinstance(config, dict) and isinstance(config.get("task"), dict) \
         else None
+    sweeper = hydra.get("sweeper") if isinstance(hydra, dict) else None
+    space = sweeper.get("params") if isinstance(sweeper, dict) else None
     steps = result.get("steps")
     if steps is None and events:
         steps = max(int(e["step"]) for e in events if e.get("step") is not None)
@@ -146,6 +151,7 @@ def read_job(folder: Path) -> JobRow:
         task=str(task) if task is not None else None,
         at_best={k: f for k, v in at_best.items() if k not in ("step", "epoch") and (f := _number(v)) is not None},
         exported=result["exported"] if isinstance(result.get("exported"), dict) else None,
+        search_space={str(k): str(v) for k, v in space.items()} if isinstance(space, dict) else {},
     )
 
 

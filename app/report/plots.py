@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,43 @@ def log_scale(numbers: list[float]) -> bool:
     return unevenness([math.log(n) for n in distinct]) < unevenness(distinct)
 
 
+def axis_scale(key: str, rows: list[JobRow], numbers: list[float]) -> tuple[str, bool]:
+    """How a swept parameter's axis is drawn: ``log`` or ``linear``, and whether its values are a few
+    picked ones (a grid's, ``choice``, ``range``) rather than drawn from an interval. An Optuna search
+    space says both (``tag(log, interval(...))``: log, drawn); a grid's values are picked, on a log
+    axis when they are spread that way (:func:`log_scale`)."""
+    spec = next((row.search_space[key] for row in rows if key in row.search_space), None)
+    if spec is not None:
+        log = bool(re.search(r"\btag\(\s*log\b", spec)) and min(numbers, default=0) > 0
+        return ("log" if log else "linear"), "interval(" not in spec
+    return ("log" if log_scale(numbers) else "linear"), True
+
+
+FEW_VALUES = 6
+"""Picked values (a grid, a choice) this many or fewer are ticked at the values themselves."""
+
+
+def _ticks(ax: Any, numbers: list[float], scale: str, picked: bool) -> None:
+    """Tick labels that never overlap: at the values themselves when a few were picked; on a log axis,
+    at 1, 2 and 5 times the powers of ten, written plainly (``0.002``), without minor labels."""
+    from matplotlib import ticker
+
+    ax.set_xscale(scale)
+    distinct = sorted(set(numbers))
+    if picked and len(distinct) <= FEW_VALUES:
+        ax.xaxis.set_major_locator(ticker.FixedLocator(distinct))
+    elif scale == "log":
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    else:
+        return
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:.3g}"))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+
+
+LEGEND_CHAR_PX = 4.6
+"""About how wide one character of a 7-point legend is at the figure's 80 dpi."""
+
+
 def plot_sweep(rows: list[JobRow], path: Path) -> None:
     plt = _pyplot()
     fig = sweep_figure(rows)
@@ -66,8 +104,9 @@ def plot_sweep(rows: list[JobRow], path: Path) -> None:
 
 
 def sweep_figure(rows: list[JobRow]) -> Any:
-    """The monitored metric per job (labelled by its swept values) and the objective against each
-    swept parameter (a log axis where the values are spread that way)."""
+    """The monitored metric per job (labelled by its swept values, the legend under the panels, where
+    it covers no curve) and the objective against each swept parameter (a log axis where the search
+    space, or the values' spread, says so)."""
     plt = _pyplot()
     keys = swept_keys(rows)
     best = best_row(rows)
@@ -75,7 +114,8 @@ def sweep_figure(rows: list[JobRow]) -> Any:
     panels = 1 + len(keys)
     columns = min(3, panels)
     grid_rows = math.ceil(panels / columns)
-    fig, grid = plt.subplots(grid_rows, columns, figsize=(5.2 * columns, 3.9 * grid_rows), squeeze=False)
+    fig = plt.figure(figsize=(5.2 * columns, 3.9 * grid_rows), layout="constrained")
+    grid = fig.subplots(grid_rows, columns, squeeze=False)
     axes = [ax for row in grid for ax in row]
     for unused in axes[panels:]:
         unused.set_visible(False)
@@ -93,8 +133,12 @@ def sweep_figure(rows: list[JobRow]) -> Any:
     curves.set_ylabel(monitor)
     curves.set_title(f"{monitor} per job")
     curves.grid(alpha=0.3)
-    if len(rows) <= 12:
-        curves.legend(fontsize=7)
+    handles, labels = curves.get_legend_handles_labels()
+    if labels and len(rows) <= 12:
+        width_px = fig.get_figwidth() * 80
+        fits = int(width_px // (max(map(len, labels)) * LEGEND_CHAR_PX + 40))
+        fig.legend(handles, labels, loc="outside lower center", ncols=max(1, min(fits, len(labels))), fontsize=7,
+                   title=f"jobs ({monitor} per job)", title_fontsize=8, frameon=False)
 
     finished = [r for r in rows if r.objective() is not None]
     left_out = ", ".join(f"{sum(r.status == status for r in rows if r not in finished)} {status}"
@@ -105,8 +149,7 @@ def sweep_figure(rows: list[JobRow]) -> Any:
         objectives = [r.objective() for r in finished]
         if all(n is not None for n in numbers):
             xs: list[Any] = numbers
-            if log_scale([n for n in numbers if n is not None]):
-                ax.set_xscale("log")
+            _ticks(ax, xs, *axis_scale(key, rows, xs))
         else:  # categories: one position each, labelled
             labels = sorted(set(values))
             xs = [labels.index(v) for v in values]
@@ -114,16 +157,14 @@ def sweep_figure(rows: list[JobRow]) -> Any:
         ax.scatter(xs, objectives, s=30, color="tab:blue")
         for row, x, y in zip(finished, xs, objectives):
             if row is best:
-                ax.scatter([x], [y], s=160, marker="*", color="tab:red", zorder=3, label=f"best: {job_label(row, keys)}")
+                ax.scatter([x], [y], s=160, marker="*", color="tab:red", zorder=3, label=f"best (job {row.job})")
             ax.annotate(str(row.job), (x, y), textcoords="offset points", xytext=(4, 3), fontsize=7)
         ax.set_xlabel(key)
         ax.set_ylabel(f"best {monitor}")
-        ax.set_title(f"objective vs {key}" + (f" ({left_out} not shown)" if left_out else ""),
-                     fontsize=9)
+        ax.set_title(f"objective vs {key}" + (f"\n({left_out} not shown)" if left_out else ""), fontsize=9)
         ax.grid(alpha=0.3)
         if best is not None:
             ax.legend(fontsize=7)
-    fig.tight_layout()
     return fig
 
 

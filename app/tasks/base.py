@@ -13,7 +13,7 @@ where it uses them: :class:`PredictsTest` (predictions on an unlabeled test spli
 per-process sums reduced across processes, instead of gathered per-sample outputs: a language model's
 loss and perplexity), :class:`CheckpointsBlocks` (``trainer.gradient_checkpointing`` for a model that
 is not a Transformers one), :class:`DeclaresAdapterTaskType` (peft's task type, where the model's
-class does not say it) and :class:`DescribesItself` (what the model card says of the model and the
+class does not say it) and :class:`DescribesData` (the log's account of the data), :class:`DescribesItself` (what the model card says of the model and the
 data). Sample lengths for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the
 task gives none); further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
 A training split may be a stream (``app.distributed.data_stream.ShardedStream``: each process reads its
@@ -232,6 +232,17 @@ class DescribesItself(Protocol):
     def card_facts(self) -> dict[str, str]:
         """Short markdown values by heading, in order: ``base model`` (a hub name or folder, or how the
         model is built), ``data`` (files, folder or hub name), ``labels``…"""
+        ...
+
+
+@runtime_checkable
+class DescribesData(Protocol):
+    """A task that says what the run learns from, once ``build_data`` has built it: the log's ``data:``
+    line at the start (without it, the engine gives the splits' sizes)."""
+
+    def data_summary(self) -> list[str]:
+        """Short clauses, one per fact, in order: each split's source and size (rows; tokens for a
+        language model), the label mapping (``no=0, yes=1``), the rows cut or dropped."""
         ...
 
 

@@ -4,6 +4,7 @@ name what is wrong; and its training FLOPs per token, for the throughput log's M
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from app.tasks.text.models import check_config_json
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
 
 
 def model_source(cfg: CausalLMConfig) -> str:
@@ -61,14 +64,40 @@ def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Mo
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens and the model's vocabulary only "
                           f"{config.vocab_size}; give the model's own tokenizer (task.tokenizer) or a larger "
                           "vocab_size (task.config_overrides).")
+    tokens_of_the_tokenizer(config, tokenizer, new_model=cfg.model is None)
     if cfg.model is None:
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     try:
         with hub_access(cfg.model):
-            return AutoModelForCausalLM.from_pretrained(cfg.model, config=config, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(cfg.model, config=config, dtype=torch.float32)
     except (OSError, ValueError) as err:
         raise ConfigError(f"Could not load the model {cfg.model!r}, which is neither a local folder with config.json "
                           "and weights nor reachable on the hub; set task.model to a local model folder.") from err
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and not _holds(generation.eos_token_id, tokenizer.eos_token_id):
+        generation.eos_token_id = config.eos_token_id  # its saved generation_config.json: stop where training did
+    return model
+
+
+def _holds(ids: int | list[int] | None, token: int | None) -> bool:
+    return token == ids or (isinstance(ids, list) and token in ids)
+
+
+def tokens_of_the_tokenizer(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase, new_model: bool) -> None:
+    """The model's EOS (and, for a new model, BOS) token ids are the tokenizer's: every training document
+    ends with the tokenizer's EOS, so generation must stop there (the export's ``generation_config.json``
+    says so). A configuration that says otherwise (a model type's defaults, a config folder made apart
+    from its tokenizer) is changed, and the log says so."""
+    changed = []
+    names = ("eos", "bos") if new_model else ("eos",)
+    for name in names:
+        token = getattr(tokenizer, f"{name}_token_id")
+        key = f"{name}_token_id"
+        if token is not None and not _holds(getattr(config, key, None), token):
+            changed.append(f"{key} {getattr(config, key, None)} -> {token} ({getattr(tokenizer, f'{name}_token')})")
+            setattr(config, key, token)
+    if changed:
+        log.info("the model's special tokens follow its tokenizer's: %s", ", ".join(changed))
 
 
 def flops_per_token(model: nn.Module, sequence_length: int) -> float:

@@ -46,6 +46,8 @@ class CausalLMTask:
         self.name = cfg.name
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._flops_per_token: float | None = None
+        self._splits_read: list[str] = []
+        """What build_data read and made of it, per split: the log's (app.tasks.base.DescribesData)."""
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -57,6 +59,12 @@ class CausalLMTask:
 
     def build_data(self, runtime: TaskRuntime) -> TaskData:
         check_data_files(self.cfg.data_files)  # on every process alike, before any of them waits for another
+        if self.cfg.packing and self.tokenizer.eos_token_id is None:
+            source = self.cfg.tokenizer or model_source(self.cfg)
+            raise ConfigError(f"the tokenizer of {source} has no EOS token, so packed documents would run into each "
+                              "other with nothing between them; give a tokenizer that has one (eos_token in its "
+                              "tokenizer_config.json, e.g. tokenizer.eos_token = '</s>' before save_pretrained), or "
+                              "task.packing=false (one document per row).")
         if not runtime.is_main_process:
             import datasets
 
@@ -84,7 +92,26 @@ class CausalLMTask:
         if len(rows) == 0:
             raise ConfigError(f"{train.origin} makes no training block of task.block_size={cfg.block_size} tokens; "
                               "give more text or a smaller task.block_size.")
-        return rows, tokenize_split(evaluation, "validation", self.tokenizer, cfg, root, cfg.name)
+        evaluation_rows = tokenize_split(evaluation, "validation", self.tokenizer, cfg, root, cfg.name)
+        self._splits_read = [self._split_read("train", train, rows),
+                             self._split_read("evaluation", evaluation, evaluation_rows)]
+        return rows, evaluation_rows
+
+    def _split_read(self, name: str, split: Split, rows: datasets.Dataset) -> str:
+        """``train: 135 documents of corpus.txt -> 104 blocks of 32 tokens (3,328 tokens)``; one document
+        per row: its rows and tokens, the documents cut at block_size and those without text."""
+        documents, block = len(split.data), self.cfg.block_size
+        if self.cfg.packing:
+            return (f"{name}: {documents:,} documents of {split.origin} -> {len(rows):,} blocks of {block} tokens "
+                    f"({len(rows) * block:,} tokens)")
+        lengths = [len(ids) for ids in rows["input_ids"]]
+        cut, empty = sum(length >= block for length in lengths), documents - len(rows)
+        return (f"{name}: {documents:,} documents of {split.origin} -> {len(rows):,} rows, {sum(lengths):,} tokens "
+                f"({cut:,} cut at task.block_size={block}" + (f", {empty:,} without text skipped)" if empty else ")"))
+
+    def data_summary(self) -> list[str]:
+        """Each split's documents, and the blocks (or rows) and tokens made of them."""
+        return self._splits_read
 
     def _streamed(self) -> tuple[LineStream, datasets.Dataset]:
         """The training file as a stream; evaluation: the validation file, else its first documents."""
@@ -108,7 +135,11 @@ class CausalLMTask:
             raise ConfigError(f"{path} holds no document.")
         stream = LineStream(path, begin, reader, functools.partial(encode_documents, self.tokenizer),
                             cfg.block_size, cfg.packing)
-        return stream, tokenize_split(evaluation, "validation", self.tokenizer, cfg, root, cfg.name)
+        evaluation_rows = tokenize_split(evaluation, "validation", self.tokenizer, cfg, root, cfg.name)
+        after = " after the evaluation documents" if begin else ""
+        streamed = f"train: streamed from {path} ({path.stat().st_size - begin:,} bytes{after}), read while training"
+        self._splits_read = [streamed, self._split_read("evaluation", evaluation, evaluation_rows)]
+        return stream, evaluation_rows
 
     # -- model and steps -----------------------------------------------------------------------------------
 

@@ -45,6 +45,17 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+MAPPING_SHOWN = 12
+"""Classes named in the log's label mapping; more are counted."""
+
+
+def count_at_max_length(data: datasets.Dataset, max_length: int) -> int:
+    """Rows whose tokens fill ``max_length`` (the tokenizer cut them there, or they are exactly that long);
+    padding (``task.pad_to_max_length``) is not counted."""
+    column = "attention_mask" if "attention_mask" in data.column_names else "input_ids"
+    return sum(1 for row in data[column] if (sum(row) if column == "attention_mask" else len(row)) >= max_length)
+
+
 @dataclass
 class Rows:
     """A split's texts and encoded targets (``LABEL_COLUMN``), a digest of both (the tokenization
@@ -79,6 +90,9 @@ class TextClassificationTask:
         self._test: datasets.Dataset | None = None
         self._held_out = False
         """Whether the evaluation set was held out of train (the data had no evaluation split)."""
+        self._splits_read: list[str] = []
+        self._cut: list[str] = []
+        """What build_data read (``train: 200 rows of train.csv``) and cut (rows at task.max_length): the log's."""
 
     # The tokenizer is loaded on first use: build_data, save_artifacts and the tests all need it,
     # and building the task (e.g. to validate a config) should not touch the disk or network.
@@ -119,6 +133,8 @@ class TextClassificationTask:
         if self.cfg.predict_test and self._test_rows is None:
             raise ConfigError(f"task.predict_test=true needs a test split, and the {self.title} data has none.")
         lengths = [len(ids) for ids in train["input_ids"]]
+        self._cut = [f"{count_at_max_length(data, self.cfg.max_length):,} {name}" for name, data in
+                     (("training", train), *((f"evaluation{' ' + s if s else ''}", d) for s, d in evaluations.items()))]
         # A compiling backend (XLA) builds one program per shape: every batch then has max_length tokens.
         fixed_length = self.cfg.max_length if runtime.static_shapes else None
         return TaskData(train=train, eval=evaluations[""], collate_fn=PaddingCollator(self.tokenizer, fixed_length),
@@ -146,11 +162,15 @@ class TextClassificationTask:
         if "" not in evaluations:
             train_rows, evaluations[""] = self._hold_out(train_rows)
             self._held_out = True
+        self._splits_read = [f"train: {len(train_rows.data):,} rows of {train_rows.origin}"] + [
+            f"evaluation{' ' + suffix if suffix else ''}: {len(rows.data):,} rows of {rows.origin}"
+            for suffix, rows in evaluations.items()]
         test = raw.get(self.test_split)
         if test is not None:
             check_columns(test, self.text_fields, None)  # its labels, if it has any, are not read
             self._raw_test = test
             self._test_rows = self._rows(test, labeled=False, train_origin=train.origin)
+            self._splits_read.append(f"test: {len(self._test_rows.data):,} rows of {test.origin}")
         check_tokenizer_covers(self.tokenizer, cfg.tokenizer or cfg.model, train.data, self.text_fields)
         tokenized_train = self._tokenize(train_rows, "train")
         if cfg.swap_pairs:
@@ -294,6 +314,19 @@ class TextClassificationTask:
             config.auto_map = mean_pooling.auto_map()
             shutil.copyfile(mean_pooling.__file__, folder / mean_pooling.MODULE_FILE)
         config.save_pretrained(folder)
+
+    def data_summary(self) -> list[str]:
+        """The splits read, the labels' ids, the rows cut at task.max_length (app.tasks.base.DescribesData)."""
+        labels = self.label_set()
+        if labels.problem is Problem.regression:
+            mapping = f"a number per row ({self.cfg.label_field}, regression)"
+        else:
+            shown = ", ".join(f"{name}={i}" for i, name in enumerate(labels.names[:MAPPING_SHOWN]))
+            more = f", … ({len(labels.names)} classes)" if len(labels.names) > MAPPING_SHOWN else ""
+            mapping = f"labels {shown}{more}" + (" (multi-label)" if labels.problem is Problem.multi_label else "")
+        swapped = ["task.swap_pairs: each training pair also in the other order"] if self.cfg.swap_pairs else []
+        cut = f"rows cut at task.max_length={self.cfg.max_length} tokens: {', '.join(self._cut)}"
+        return [*self._splits_read, mapping, *swapped, cut]
 
     def card_facts(self) -> dict[str, str]:
         """What the model card says of the model and the data (app.tasks.base.DescribesItself)."""
