@@ -31,7 +31,7 @@ SPLITS = {  # name: (per-process batch, accumulation steps, processes, hardware)
     "batch 4 x 2 processes": (4, 1, 2, "multi_cpu"),
     "batch 2 x 2 accumulated x 2 processes": (2, 2, 2, "multi_cpu"),
 }
-FSDP2 = {"batch 2 x 2 accumulated x 2 processes, FSDP2": (2, 2, 2, "fsdp")}
+FSDP2 = {"batch 2 x 2 accumulated x 2 processes on FSDP2": (2, 2, 2, "fsdp")}
 """Sharded gradients (DTensors), divided shard by shard."""
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false",
          "checkpoint.every_epoch=false", "checkpoint.export=last", "early_stopping.patience=null")
