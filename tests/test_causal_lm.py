@@ -335,6 +335,16 @@ def test_max_steps_given_alone_trains_past_the_recipes_epoch_and_the_stop_names_
 
 
 @pytest.mark.timeout(240)
+def test_the_last_steps_training_loss_is_logged_though_no_log_step_falls_on_them(readme_run):
+    # log_every_n_steps is 10 (the default): steps 31-37 make the run's last line, logged at step 37
+    # before that step's evaluation, and its loss is the mean over those steps' tokens.
+    train = [(e["step"], e["epoch"]) for e in events(readme_run) if "train/loss" in e]
+    assert train == [(10, 0), (20, 1), (30, 2), (37, 2)]
+    last = [i for i, e in enumerate(events(readme_run)) if e["step"] == 37]
+    assert ["train/loss" in events(readme_run)[i] for i in last] == [True, False]
+    assert math.isfinite(events(readme_run)[last[0]]["train/loss"])
+
+
 def test_the_log_says_what_the_run_learnt_from(readme_run):
     # 135 documents train, 15 held out (10 %); blocks of 32 tokens, 8 a batch: the 13 steps of an epoch.
     assert re.search(r"data: train: 135 documents of corpus\.txt -> (\d+) blocks of 32 tokens \(([\d,]+) tokens\); "
