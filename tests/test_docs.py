@@ -264,9 +264,15 @@ def compose_command(command: DocCommand, fx: dict[str, Path]) -> int:
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
 def test_every_command_in_the_docs_composes(command, fixtures, monkeypatch):
     monkeypatch.chdir(fixtures["work"] if command.cwd == "." else REPO / command.cwd)
+    imported = set(sys.modules)
     if command.cwd != ".":
         monkeypatch.syspath_prepend(str(REPO / command.cwd))  # python -m app there imports its package
-    compose_command(command, fixtures)
+    try:
+        compose_command(command, fixtures)
+    finally:  # a user's package imported from there (tabular_task) is not left for later tests
+        for name in set(sys.modules) - imported:
+            if command.cwd != "." and str(REPO / command.cwd) in str(getattr(sys.modules[name], "__file__", "")):
+                del sys.modules[name]
 
 
 def test_a_renamed_key_in_a_doc_command_fails(fixtures, monkeypatch):
