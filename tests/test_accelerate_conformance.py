@@ -1,7 +1,7 @@
 """Accelerate's own distributed test scripts (from the ``accelerate`` wheel, a test-only dependency)
 run on ``app.distributed`` with every ``accelerate`` import resolved to it (tests/accelerate_runner.py),
 on 1 and 2 CPU processes. Every check must pass, except those listed in the runner's EXCLUDED (also
-in the README, with the reason); the counts are what the README reports.
+in docs/accelerate.md, with the reason); the counts are what that page reports.
 """
 
 from __future__ import annotations

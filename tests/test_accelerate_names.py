@@ -43,7 +43,7 @@ OMITTED = [
      r"_NAME$|^(save|load|load_state_dict|clean_state_dict_for_safetensors|SCALER_NAME)$"),
     ("torch.compile region helpers and the dynamo plugin: trainer.compile compiles the whole model",
      r"(?i)compile|dynamo"),
-    ("kwargs handlers refused in one sentence here (README, Coming from Accelerate), and GradScaler access",
+    ("kwargs handlers refused in one sentence here (docs/accelerate.md), and GradScaler access",
      (r"^(GradScalerKwargs|InitProcessGroupKwargs|get_grad_scaler|"
      r"get_mixed_precision_context_manager)$")),
     ("tensor-tree and misc helpers internal to Accelerate's operations (ours are private)",
@@ -88,7 +88,7 @@ def test_package_availability_answers_as_accelerates_for_this_environment():
     assert ours.is_weights_only_available() is True
 
 
-# Accelerate's examples/by_feature/schedule_free.py opens so, its imports rewritten as the README says:
+# Accelerate's examples/by_feature/schedule_free.py opens so, its imports rewritten as docs/accelerate.md says:
 # without schedulefree it stops with its own ImportError, as under Accelerate; with it, it goes on.
 SCHEDULE_FREE_HEADER = """
 from app.distributed import Accelerator, DistributedType

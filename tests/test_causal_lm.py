@@ -241,12 +241,12 @@ def test_trains_with_falling_perplexity_and_exports_a_model_that_generates(tmp_p
     assert "<unk>" not in tokenizer.decode(generated[0])
 
 
-# -- as the README writes it (issue 42) ----------------------------------------------------------------
+# -- as docs/tasks.md writes it (issue 42) --------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def readme_run(tmp_path_factory, llama) -> Path:
-    """``task=causal_lm`` from a config folder with the README's form of ``task.config_overrides``, and
+    """``task=causal_lm`` from a config folder with docs/tasks.md's form of ``task.config_overrides``, and
     ``trainer.max_steps=37`` past the recipe's one epoch (13 optimizer steps of this corpus). The folder's
     config.json was made apart from its tokenizer: its BOS and EOS ids (0) are not the tokenizer's."""
     cwd = tmp_path_factory.mktemp("readme")
@@ -300,15 +300,15 @@ def test_a_tokenizer_without_eos_is_refused_where_documents_are_packed(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
-def test_the_readmes_config_folder_recipe_makes_a_folder_the_task_builds_from(tmp_path, llama, monkeypatch):
+def test_the_docs_config_folder_recipe_makes_a_folder_the_task_builds_from(tmp_path, llama, monkeypatch):
     from app.tasks.causal_lm.task import CausalLMTask
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "tasks.md").read_text()
     recipe = readme.split("A `task.config` folder is a model configuration", 1)[1].split("```python\n", 1)[1]
     recipe = recipe.split("```", 1)[0].replace("<tokenizer folder or hub name>", str(llama))
     monkeypatch.chdir(tmp_path)
-    exec(compile(recipe, "README.md", "exec"), {})  # noqa: S102 - the README's own code, as a user runs it
+    exec(compile(recipe, "docs/tasks.md", "exec"), {})  # noqa: S102 - the page's own code, as a user runs it
     task = CausalLMTask(compose_config("task=causal_lm", "task.config=my_lm", "task.data_files.train=x.txt").task)
     model = task.build_model()
     assert model.config.hidden_size == 256 and model.config.num_hidden_layers == 4

@@ -49,7 +49,7 @@ def test_eval_mode_with_predict_test_writes_one_prediction_per_test_row(tmp_path
     data = ("task=text_classification", "task.data_files.train=train.csv", "task.data_files.validation=validation.csv",
             "task.data_files.test=test.csv", "task.text_fields=[question,answer]", f"task.model={text_model}")
     quiet = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
-    # Trained without predictions (the README's first command), then asked for them in mode=eval.
+    # Trained without predictions (docs/tasks.md's first command), then asked for them in mode=eval.
     run_app(*data, "trainer.max_steps=30", "optim.lr=3e-3", "hydra.run.dir=trained", *quiet, cwd=tmp_path,
             check=True, timeout=200)
     assert not (tmp_path / "trained" / "test_predictions.tsv").exists()

@@ -1,5 +1,5 @@
 """``examples/tabular``: a task from the user's own package and config folder, run through
-``python -m app --config-dir conf task=tabular`` as the README shows, with no change to ``app/``: one
+``python -m app --config-dir conf task=tabular`` as docs/tasks.md shows, with no change to ``app/``: one
 and two processes, an exact resume, ``mode=eval`` of the export, a sweep, and its config checked as
 ours is (an unknown key, a wrong type, a value its own rule refuses, a typo). The commands run two at a
 time where they do not depend on each other: each pays ~5 s of CPU to import torch."""
@@ -33,7 +33,7 @@ one per core, would have them spin against each other)."""
 
 
 def start(example: Path, *args: str) -> subprocess.Popen:
-    """``python -m app --config-dir conf <args>`` in the example's folder, as the README shows it."""
+    """``python -m app --config-dir conf <args>`` in the example's folder, as docs/tasks.md shows it."""
     return subprocess.Popen([sys.executable, "-m", "app", "--config-dir", "conf", *args, *QUIET], cwd=example,
                             env=ONE_THREAD, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -2,7 +2,7 @@
 munged, slurmctld, two slurmd; accounting off): a sweep of two-task jobs with its report, a failing
 task that ends the sweep with its sentence, ``scontrol requeue`` and ``scancel --signal=USR1`` of a
 running job that saves at the step, requeues and continues by itself to the uninterrupted run's
-weights, the time-limit requeue limit, and the README's plain ``sbatch`` script on one node and on two.
+weights, the time-limit requeue limit, and docs/slurm.md's plain ``sbatch`` script on one node and on two.
 
 Where SLURM cannot run (not installed, not root) every test here skips, saying why. A run is held at a
 known step by the fault point (``APP_FAIL_MODE=hold``: rank 0 waits there until a stop signal has
@@ -217,7 +217,7 @@ def test_a_slurm_sweep_without_slurm_here_stops_in_one_sentence(tmp_path: Path) 
         "the cluster (a login node).")
 
 
-# The README's batch script (section "SLURM"), with this machine's interpreter and the test's layout.
+# The batch script of docs/slurm.md, with this machine's interpreter and the test's layout.
 README_SCRIPT = """#!/bin/bash
 #SBATCH --requeue --signal=USR1@120 --open-mode=append
 #SBATCH --output={folder}/%j.out --error={folder}/%j.err
