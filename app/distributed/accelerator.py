@@ -37,7 +37,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 from torch.utils.hooks import RemovableHandle
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.checkpoint.background import BackgroundWriter
 from app.distributed.checkpoint.export import export_shards, save_model
 from app.distributed.checkpoint.rng import preserved_rng
@@ -56,9 +56,16 @@ from app.distributed.configuration import (
     ProjectConfiguration,
 )
 from app.distributed.connector import connect
-from app.distributed.data import DataLoaderShard, GradientState, draw_generator_seed, shard_dataloader
-from app.distributed.data import skip_first_batches as _skip_first_batches
-from app.distributed.data_stream import ShardedStream, StreamLoaderShard
+from app.distributed.data.map_style import (
+    DataLoaderShard,
+    GradientState,
+    draw_generator_seed,
+    shard_dataloader,
+)
+from app.distributed.data.map_style import skip_first_batches as _skip_first_batches
+from app.distributed.data.stream import ShardedStream, StreamLoaderShard
+from app.distributed.facade.process import ProcessControl
+from app.distributed.facade.step_items import StepItems, scale_gradients
 from app.distributed.functional import pad_with, reduce_with
 from app.distributed.hardware.kinds import DistributedType
 from app.distributed.hardware.peak_flops import compute_type, peak_flops
@@ -66,10 +73,8 @@ from app.distributed.host_reads import HostRead
 from app.distributed.operations import recursively_apply
 from app.distributed.placeholders import refuse_placeholder
 from app.distributed.precision import Precision, unscale_all
-from app.distributed.process import ProcessControl
 from app.distributed.state import AcceleratorState, register_accelerator
 from app.distributed.step_flags import StepFlag
-from app.distributed.step_items import StepItems, scale_gradients
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 from app.run_layout import checkpoints_dir
 
@@ -330,11 +335,11 @@ class Accelerator(ProcessControl):
         place = (functools.partial(self.backend.place_batch, non_blocking=config.non_blocking)
                  if device.type != "cpu" else None)
         if iterable and isinstance(data_loader.dataset, ShardedStream):
-            # Each process reads its own part and checkpoints its own position (app/distributed/data_stream.py).
+            # Each process reads its own part and checkpoints its own position (app/distributed/data/stream.py).
             shard: Any = StreamLoaderShard(data_loader, backend=self.backend, device=device,
                                            state=self.gradient_state, place=place)
         elif iterable or config.dispatch_batches:
-            from app.distributed.data_iterable import IterableDataLoaderShard
+            from app.distributed.data.iterable import IterableDataLoaderShard
 
             dispatch = config.dispatch_batches if config.dispatch_batches is not None else True
             shard = IterableDataLoaderShard(data_loader, backend=self.backend, device=device,
