@@ -38,7 +38,7 @@ def plain_worker(config_dir: str, cache_file: str, steps: int, log_every: int, b
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from app.distributed.data import SeedableRandomSampler
+    from app.distributed.data_loader import SeedableRandomSampler
     from app.tasks.causal_lm.batches import LMCollator
 
     torch.manual_seed(SEED)

@@ -130,7 +130,7 @@ def same_order(backend: Any, data: TensorDataset, batch_size: int) -> bool:
 
 
 def ddp_backend() -> Any:
-    from app.distributed.torch_distributed import DDPBackend
+    from app.distributed.backends.torch_distributed import DDPBackend
 
     return DDPBackend.from_environment(timeout_s=300)
 
@@ -198,7 +198,7 @@ def big_worker(steps: int) -> float:
 
 def fsdp_vs_ddp_worker(steps: int, rounds: int) -> dict[str, list[float]]:
     """Samples/s of the big MLP through FSDP2 and through DDP, interleaved, in one process group."""
-    from app.distributed.torch_distributed import DDPBackend, FSDPBackend
+    from app.distributed.backends.torch_distributed import DDPBackend, FSDPBackend
 
     ddp = DDPBackend.from_environment(timeout_s=300)
     # The group exists now: the FSDP2 backend joins it instead of creating another.

@@ -126,8 +126,8 @@ def engine(data: TensorDataset, precision: str, warmup: int) -> float:
     from app.engine.build import build_accelerator, build_components, build_early_stopping
     from app.engine.loop import LoopState, fit
     from app.tasks.base import TaskData
-    from app.tasks.digits import DigitsTask
-    from app.tasks.digits_config import DigitsConfig
+    from app.tasks.digits.config import DigitsConfig
+    from app.tasks.digits.task import DigitsTask
 
     class BenchTask(DigitsTask):
         def build_data(self, runtime: Any) -> TaskData:

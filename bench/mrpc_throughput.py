@@ -147,8 +147,8 @@ def plain_worker(model_dir: str, tokenized: str, steps: int, log_every: int) -> 
     from transformers import AutoModel, AutoTokenizer
 
     from app.distributed import LengthGroupedSampler
-    from app.tasks.mean_pooling import MeanPoolingForSequenceClassification
     from app.tasks.text.batches import PaddingCollator
+    from app.tasks.text.mean_pooling import MeanPoolingForSequenceClassification
 
     torch.manual_seed(SEED)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

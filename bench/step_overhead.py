@@ -173,8 +173,8 @@ def engine_loop(data: TensorDataset, batch_size: int, epochs: int) -> tuple[floa
     from app.engine.build import build_accelerator, build_components, build_early_stopping
     from app.engine.loop import LoopState, fit
     from app.tasks.base import TaskData
-    from app.tasks.digits import DigitsTask
-    from app.tasks.digits_config import DigitsConfig
+    from app.tasks.digits.config import DigitsConfig
+    from app.tasks.digits.task import DigitsTask
 
     class BenchTask(DigitsTask):
         def build_data(self, runtime):

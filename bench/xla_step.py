@@ -38,8 +38,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
-from app.distributed.xla_metrics import XlaCounts
-from app.distributed.xla_spmd import XlaSpmdBackend
+from app.distributed.backends.xla_metrics import XlaCounts
+from app.distributed.backends.xla_spmd import XlaSpmdBackend
 
 LOG_EVERY = 10
 BATCH = 64

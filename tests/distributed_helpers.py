@@ -21,12 +21,12 @@ def on_processes(fn: Callable[..., Any], *args: Any, nprocs: int = 2) -> list[An
 
 
 def ddp_backend() -> Any:
-    from app.distributed.torch_distributed import DDPBackend
+    from app.distributed.backends.torch_distributed import DDPBackend
 
     return DDPBackend.from_environment(timeout_s=TIMEOUT_S)
 
 
 def fsdp_backend(reshard_after_forward: bool = True) -> Any:
-    from app.distributed.torch_distributed import FSDPBackend
+    from app.distributed.backends.torch_distributed import FSDPBackend
 
     return FSDPBackend.from_environment(timeout_s=TIMEOUT_S, reshard_after_forward=reshard_after_forward)

@@ -9,7 +9,8 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
-from app.distributed.data import DataLoaderShard, send_to_device
+from app.distributed.data_loader import DataLoaderShard
+from app.distributed.utils import send_to_device
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
 
 

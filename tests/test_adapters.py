@@ -52,7 +52,7 @@ def test_lora_targets_default_to_pefts_and_a_target_naming_nothing_is_refused(mr
     from app.engine.adapters import attach_adapter, describe
     from app.engine.summary import model_summary
     from app.tasks import build_task
-    from app.tasks.mean_pooling import MeanPoolingForSequenceClassification
+    from app.tasks.text.mean_pooling import MeanPoolingForSequenceClassification
 
     task = build_task(compose_config(*mrpc_args(mrpc, Path("unused"))).task)
     base = transformers.AutoModelForSequenceClassification.from_pretrained(mrpc[1])

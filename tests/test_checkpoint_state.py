@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
 from app.distributed.checkpoint.store import CheckpointError, read_manifest
-from app.distributed.data import GradientState, shard_dataloader
+from app.distributed.data.map_style import shard_dataloader
+from app.distributed.state import GradientState
 
 
 class Counter:

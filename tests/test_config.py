@@ -169,7 +169,7 @@ def test_group_rules_refuse_before_torch_is_imported():
 
 def test_test_predictions_are_an_explicit_ability():
     from app.tasks.base import PredictsTest
-    from app.tasks.digits import DigitsTask
+    from app.tasks.digits.task import DigitsTask
     from app.tasks.text.task import TextClassificationTask
 
     glue = compose_config("task=glue_mrpc", "task.predict_test=true")

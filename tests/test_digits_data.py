@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from app.tasks.digits_data import load_digits, stratified_split
+from app.tasks.digits.data import load_digits
+from app.tasks.splits import stratified_split
 
 
 def test_the_digits_are_scikit_learns():
@@ -47,7 +48,7 @@ def test_ties_between_classes_are_broken_like_scikit_learn():
 
 
 def test_building_the_digits_data_imports_no_scikit_learn():
-    code = ("import sys; from app.tasks.digits import DigitsTask; from app.tasks.digits_config import DigitsConfig; "
+    code = ("import sys; from app.tasks.digits.task import DigitsTask; from app.tasks.digits.config import DigitsConfig; "
             "DigitsTask(DigitsConfig()).build_data(None); print(sorted(m for m in sys.modules if m.startswith('sklearn')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"

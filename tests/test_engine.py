@@ -18,7 +18,7 @@ from app.engine.build import build_accelerator, build_components, build_early_st
 from app.engine.loop import LoopState, NoCheckpoints, fit
 from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.schedulers import linear_with_warmup
-from app.tasks.digits import DigitsTask
+from app.tasks.digits.task import DigitsTask
 from tests.conftest import REPO, compose_config
 from tests.metrics_rows import metrics_rows, without_throughput
 

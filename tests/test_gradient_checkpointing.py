@@ -41,7 +41,7 @@ def same_with_and_without(model: nn.Module, task, forward) -> str:
 def test_transformers_models_and_declared_blocks_recompute_with_the_same_loss_and_gradients(text_model):
     transformers = pytest.importorskip("transformers")
     from app.tasks import build_task
-    from app.tasks.mean_pooling import MeanPoolingForSequenceClassification
+    from app.tasks.text.mean_pooling import MeanPoolingForSequenceClassification
 
     class Task:
         name = "tiny"

@@ -22,8 +22,8 @@ from tests.conftest import REPO, compose_config
 # (one file per kind, and the device types' operations) and the torch.distributed backends, whose
 # torch APIs differ on CUDA, and the XLA one. Comments and docstrings may mention them; the engine's own test
 # (test_engine.py) is stricter and forbids even that.
-HARDWARE_FILES = ("app/distributed/hardware/", "app/distributed/torch_distributed.py", "app/distributed/xla_spmd.py",
-                  "app/distributed/xla_metrics.py")
+HARDWARE_FILES = ("app/distributed/hardware/", "app/distributed/backends/torch_distributed.py",
+                  "app/distributed/backends/xla_spmd.py", "app/distributed/backends/xla_metrics.py")
 DEVICE_NAMES = re.compile(r"\b(cuda|xla|gloo|nccl|mps)\b", re.IGNORECASE)
 
 

@@ -9,8 +9,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator, LengthGroupedSampler
-from app.distributed.data import GradientState, shard_dataloader
-from app.distributed.length_grouping import group_by_length
+from app.distributed.data.length_grouping import group_by_length
+from app.distributed.data.map_style import shard_dataloader
+from app.distributed.state import GradientState
 
 
 def lengths_for(n: int, seed: int = 0) -> list[int]:

@@ -1,4 +1,4 @@
-"""Input prefetch (``app/distributed/prefetch.py``): a background thread loads and places batches
+"""Input prefetch (``app/distributed/data/prefetch.py``): a background thread loads and places batches
 ahead of the loop, which sees the same batches in the same order, with the same end-of-epoch marks,
 as without it. On CPU with a placing function that records its thread (the XLA backend's is
 ``place_batch``; tests/test_xla.py runs it there)."""
@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from app.distributed.data import GradientState, shard_dataloader
-from app.distributed.prefetch import prefetched
+from app.distributed.data.map_style import shard_dataloader
+from app.distributed.data.prefetch import prefetched
+from app.distributed.state import GradientState
 
 
 def test_prefetched_places_in_a_background_thread_in_order_and_at_most_depth_ahead():

@@ -149,7 +149,7 @@ class Recorder(NoCheckpoints):
     def on_step_end(self, state, metrics) -> None:
         import torch_xla.core.xla_model as xm
 
-        from app.distributed.xla_metrics import XlaCounts
+        from app.distributed.backends.xla_metrics import XlaCounts
 
         xm.wait_device_ops()  # the executions launched so far have run (they are counted as they run)
         self.executions[state.global_step] = XlaCounts.now().executions
@@ -174,7 +174,7 @@ def test_spmd_bf16_digits_compiles_nothing_new_after_warm_up_and_reads_the_host_
     x, _ = next(iter(components.train_loader))
     import torch_xla
 
-    from app.distributed.xla_metrics import XlaCounts
+    from app.distributed.backends.xla_metrics import XlaCounts
 
     assert "devices=[2" in torch_xla._XLAC._get_xla_sharding_spec(x)  # the batch is split over both devices
     # Loaded and placed two batches ahead by a background thread.

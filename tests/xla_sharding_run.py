@@ -22,7 +22,7 @@ from torch import nn
 
 from app.config import MeshSharding
 from app.distributed import Accelerator
-from app.distributed.xla_spmd import XlaSpmdBackend
+from app.distributed.backends.xla_spmd import XlaSpmdBackend
 
 STEPS, MORE = 6, 3
 

@@ -5,17 +5,17 @@ An Accelerate script changes its imports only: ``accelerate`` → ``app.distribu
 ``accelerate.utils`` → ``app.distributed.utils`` (see the README's "Coming from Accelerate")."""
 
 from app.distributed.accelerator import Accelerator
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.configuration import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
-from app.distributed.data import SeedableRandomSampler
+from app.distributed.data.length_grouping import LengthGroupedSampler
+from app.distributed.data_loader import SeedableRandomSampler
 from app.distributed.hardware.kinds import DistributedType
 from app.distributed.launchers import notebook_launcher
-from app.distributed.length_grouping import LengthGroupedSampler
 from app.distributed.precision import Precision, build_precision
 from app.distributed.state import AcceleratorState, GradientState, PartialState
 from app.distributed.utils import find_executable_batch_size

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.configuration import (
     AutocastKwargs,
     DataLoaderConfiguration,

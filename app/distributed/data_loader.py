@@ -1,5 +1,6 @@
-"""Accelerate's ``accelerate.data_loader`` functions: ``prepare_data_loader`` (shard one DataLoader
-without an ``Accelerator``) and ``skip_first_batches``, on the live process group (``state.py``)."""
+"""Accelerate's ``accelerate.data_loader``: ``prepare_data_loader`` (shard one DataLoader without an
+``Accelerator``), ``skip_first_batches``, ``DataLoaderShard`` and ``SeedableRandomSampler``, on the live
+process group (``state.py``). The loaders themselves live in ``app/distributed/data/``."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from app.distributed.data import (
+from app.distributed.data.map_style import (
     DataLoaderShard,
-    GradientState,
     SeedableRandomSampler,
     draw_generator_seed,
-    send_to_device,
     shard_dataloader,
 )
-from app.distributed.data import skip_first_batches as _skip
-from app.distributed.state import live_accelerator, live_backend
+from app.distributed.data.map_style import skip_first_batches as _skip
+from app.distributed.operations import send_to_device
+from app.distributed.state import GradientState, live_accelerator, live_backend
 
 
 def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = None, num_processes: int | None = None,
@@ -38,7 +38,7 @@ def prepare_data_loader(dataloader: DataLoader, device: torch.device | None = No
     iterable = isinstance(dataloader.dataset, IterableDataset)
     dispatch = dispatch_batches if dispatch_batches is not None else (put_on_device and iterable)
     if iterable or dispatch:
-        from app.distributed.data_iterable import IterableDataLoaderShard
+        from app.distributed.data.iterable import IterableDataLoaderShard
 
         return IterableDataLoaderShard(dataloader, backend=backend, device=target, state=state,
                                        split_batches=split_batches, even_batches=even_batches, dispatch=dispatch)

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 
-from app.distributed.backend import Backend
-from app.distributed.data import send_to_device
-from app.distributed.operations import recursively_apply
+from app.distributed.backends.base import Backend
+from app.distributed.operations import recursively_apply, send_to_device
 from app.distributed.state import debug_mode, live_backend
 
 _REDUCE_OPS = ("sum", "mean", "max", "min")

@@ -22,7 +22,7 @@ import os
 from collections.abc import MutableMapping
 from typing import Any
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.state import current_backend
 
 LOG_LEVEL_VARIABLE = "ACCELERATE_LOG_LEVEL"

@@ -1,4 +1,5 @@
-"""Apply a tensor operation to every tensor inside nested lists, tuples and dicts."""
+"""Apply a tensor operation to every tensor inside nested lists, tuples and dicts (Accelerate keeps
+these in ``accelerate.utils.operations``)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,7 @@ def recursively_apply(fn: Callable[[torch.Tensor], Any], data: Any, *, error_on_
         )
     return data
 
+
+def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Move every tensor in a (nested) batch to ``device``; other leaves stay as they are."""
+    return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), obj, error_on_other=False)

@@ -20,10 +20,9 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from app.distributed.backend import Backend
-from app.distributed.data import GradientState as _GradientState
+from app.distributed.backends.base import Backend
+from app.distributed.facade.process import ProcessControl
 from app.distributed.hardware.kinds import DistributedType
-from app.distributed.process import ProcessControl
 
 if TYPE_CHECKING:
     from app.distributed.accelerator import Accelerator
@@ -191,9 +190,40 @@ class AcceleratorState(PartialState):
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
 
-class GradientState(_GradientState):
-    """Accelerate's import path for the gradient state; each Accelerator owns its own
-    (``accelerator.gradient_state``), so resetting it is a no-op."""
+class GradientState:
+    """What the data pipeline tells the gradient-accumulation logic. Each Accelerator owns its own
+    (``accelerator.gradient_state``), so resetting it is a no-op; Accelerate's import path.
+
+    Loaders being iterated form a stack (an evaluation loop may run inside a training epoch); the
+    innermost one answers ``active_dataloader``, ``end_of_dataloader`` and ``remainder``.
+    """
+
+    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
+        self.sync_gradients = True
+        self.active: list[Any] = []
+        plugin = gradient_accumulation_plugin
+        self.num_steps: int = (getattr(plugin, "num_steps", None) or 1)
+        self.adjust_scheduler: bool = getattr(plugin, "adjust_scheduler", True)
+        self.sync_with_dataloader: bool = getattr(plugin, "sync_with_dataloader", True)
+        self.sync_each_batch: bool = getattr(plugin, "sync_each_batch", False)
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.active)
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The innermost prepared loader being iterated, or None."""
+        return self.active[-1] if self.active else None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self.active[-1].end_of_dataloader if self.active else False
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global step of the innermost loader; -1 before its end."""
+        return self.active[-1].remainder if self.active else -1
 
     @staticmethod
     def _reset_state() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from app.distributed.data import GradientState
 from app.distributed.precision import Precision
+from app.distributed.state import GradientState
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -33,6 +33,7 @@ from torch import nn
 from app.config import AdapterConfig, ConfigError, LoraAdapterConfig, require_package
 from app.distributed.checkpoint.export import shard, tied_targets, write_weights
 from app.distributed.checkpoint.format import dedupe_shared
+from app.engine.checkpoint_resume import ADAPTER_CONFIG_FILE, has_model_weights
 from app.run_layout import adapter_dir
 from app.tasks.base import DeclaresAdapterTaskType, Task
 
@@ -47,7 +48,6 @@ PEFT_TASK_TYPES = (("ForSequenceClassification", "SEQ_CLS"), ("ForCausalLM", "CA
 """peft's task type by the end of a Transformers class name (the first that matches)."""
 ALL_LINEAR = "all-linear"
 """peft's shortcut: every linear layer but the output head."""
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 
 
 def _peft() -> Any:
@@ -149,8 +149,7 @@ def saved_adapter(folder: Path) -> Path | None:
     """An export's adapter folder when the export holds no merged weights of its own (``adapter.
     merge_on_export=false``): what mode=eval then loads onto the task's model."""
     adapter = adapter_dir(folder)
-    has_weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
-    return adapter if (adapter / ADAPTER_CONFIG_FILE).is_file() and not has_weights else None
+    return adapter if (adapter / ADAPTER_CONFIG_FILE).is_file() and not has_model_weights(folder) else None
 
 
 def export_adapter(task: Task, cfg: LoraAdapterConfig, trained: dict[str, torch.Tensor], folder: Path,

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from app.config import ConfigError, RunConfig
 from app.config_tree import as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
-from app.distributed.data_stream import ShardedStream
+from app.distributed.data.stream import ShardedStream
 from app.distributed.hardware import build_backend
 from app.engine.activation_checkpointing import enable_gradient_checkpointing
 from app.engine.adapters import attach_adapter
@@ -107,7 +107,7 @@ def check_streamed(task: Task, data: TaskData) -> bool:
         return False
     if not isinstance(data.train, ShardedStream):
         raise ConfigError(f"the task {task.name} gives an IterableDataset for training that does not shard and "
-                          "checkpoint itself (app.distributed.data_stream.ShardedStream); the engine trains on such "
+                          "checkpoint itself (app.distributed.data.stream.ShardedStream); the engine trains on such "
                           "streams only, so that a resumed run continues exactly.")
     return True
 

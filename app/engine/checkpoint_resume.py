@@ -9,13 +9,20 @@ from typing import Any
 
 from app.run_layout import EXPORT_FILE, adapter_dir, model_dir
 
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+"""peft's file in an adapter folder (``<export>/adapter/``)."""
+
+
+def has_model_weights(folder: Path) -> bool:
+    """Whether the folder holds a model's weights as ``Accelerator.save_model`` writes them: in one file
+    or in shards with an index."""
+    return (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+
 
 def is_model_folder(path: Path) -> bool:
-    """An exported model (``<run folder>/model/``, or ``Accelerator.save_model``'s folder, its weights
-    in one file or in shards with an index; or an export of peft adapters alone, ``adapter/``), not a
-    checkpoint."""
-    return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
-             or (adapter_dir(path) / "adapter_config.json").is_file())
+    """An exported model (``<run folder>/model/``, or ``Accelerator.save_model``'s folder; or an export of
+    peft adapters alone, ``adapter/``), not a checkpoint."""
+    return ((has_model_weights(path) or (adapter_dir(path) / ADAPTER_CONFIG_FILE).is_file())
             and not (path / "manifest.json").exists())
 
 

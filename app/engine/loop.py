@@ -8,7 +8,6 @@ device type or a collective backend.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import math
 import time
@@ -27,6 +26,7 @@ from app.engine.budget import Budget, Limit, epochs, training_budget
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
+from app.engine.stop_reason import StopReason
 from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
@@ -35,10 +35,6 @@ from app.interrupts import StopSignals, signal_name
 from app.tasks.base import StepOutput, SummedMetrics, Task
 
 log = logging.getLogger(__name__)
-
-NON_FINITE_LOSS = "training loss is"
-"""How a stop reason for a NaN/infinite loss begins (a run that ends so is no result for a sweep)."""
-
 
 @dataclass
 class LoopState:
@@ -240,27 +236,6 @@ def evaluate_sums(c: Components, task: SummedMetrics, loader: Any, suffix: str) 
     if counted != expected:
         raise RuntimeError(f"evaluation summed {counted} samples for {expected}.")
     return {**task.metrics_from_sums(reduced), "num_samples": counted}
-
-
-class StopReason(enum.Enum):
-    """Why training stopped. Each member's value is the sentence it prints (the progress bar's last
-    line, the log's "stopped: ..." and ``result.json``'s ``stop_reason``), its fields filled by
-    :meth:`sentence`. Decided in one place per kind: :meth:`Training.should_stop` after each optimizer
-    step, the budget at an epoch's end, early stopping at an evaluation, the signal's name in ``fit``."""
-
-    max_steps = "reached trainer.max_steps ({total_steps} optimizer steps)"
-    max_epochs = "reached trainer.max_epochs ({epochs}, {total_steps} optimizer steps)"
-    no_improvement = "{monitor} did not improve for {evaluations} evaluations (best {best})"
-    non_finite_loss = NON_FINITE_LOSS + " {loss} at step {step}"
-    interrupted = "interrupted"
-    """A signal reached a process; once the processes agree which signal, ``signalled`` says it."""
-    signalled = "interrupted by {signal} at step {step}"
-    another_process = "stop requested by another process"
-    pruned = "{why}"
-    """A pruned sweep's pruner stopped the trial; its link (``Components.pruning``) says why."""
-
-    def sentence(self, **fields: Any) -> str:
-        return str(self.value).format(**fields)
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,

@@ -70,7 +70,7 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
 
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
 
-WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits", "app.tasks.text.task", "torch._dynamo"]
+WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits.task", "app.tasks.text.task", "torch._dynamo"]
 """What the fork server imports once for all workers: the engine, the tasks (without their optional
 libraries), and ``torch._dynamo``, which torch.optim imports on an optimizer's creation and first
 step whether or not anything is compiled (about as long as importing torch itself)."""

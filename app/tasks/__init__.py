@@ -1,11 +1,12 @@
 """Tasks: data + model + metric. ``build_task`` maps a task config to its task object.
 
 - ``base``: the interface the engine drives (``Task``, ``TaskData``, ``StepOutput``, ``TaskRuntime``).
-- ``digits`` (+ ``digits_config``, ``digits_data``): scikit-learn's digits, an MLP; ``metrics``: its
-  accuracy and F1 (by hand: importing scikit-learn would double a short run's start-up).
+- ``digits/``: ``task=digits``, scikit-learn's digits, an MLP; ``metrics``: its accuracy and F1 (by
+  hand: importing scikit-learn would double a short run's start-up); ``splits``: the stratified
+  train/eval split of digits and text classification.
 - ``text/``: ``task=text_classification``, a Transformers encoder on any dataset of one or two text
   columns (classes, several classes, or a number); the nine GLUE tasks are its presets
-  (``text/glue.py``, ``conf/task/glue_<name>.yaml``). ``mean_pooling``: the mean-pooling classifier head.
+  (``text/glue.py``, ``conf/task/glue_<name>.yaml``).
 - ``causal_lm/``: ``task=causal_lm``, a Transformers causal language model on text, packed into blocks,
   map-style or streamed (``task.streaming``) with exact resume.
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from app.config import TaskConfig
 from app.tasks.causal_lm.config import CausalLMConfig
-from app.tasks.digits_config import DigitsConfig
+from app.tasks.digits.config import DigitsConfig
 from app.tasks.external import external_task_class
 from app.tasks.text.config import TextClassificationConfig
 
@@ -37,7 +38,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
 
 def build_task(cfg: TaskConfig) -> Task:
     if isinstance(cfg, DigitsConfig):
-        from app.tasks.digits import DigitsTask
+        from app.tasks.digits.task import DigitsTask
 
         return DigitsTask(cfg)
     if isinstance(cfg, TextClassificationConfig):

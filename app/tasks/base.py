@@ -16,7 +16,7 @@ is not a Transformers one), :class:`DeclaresAdapterTaskType` (peft's task type, 
 class does not say it) and :class:`DescribesData` (the log's account of the data), :class:`DescribesItself` (what the model card says of the model and the
 data). Sample lengths for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the
 task gives none); further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
-A training split may be a stream (``app.distributed.data_stream.ShardedStream``: each process reads its
+A training split may be a stream (``app.distributed.data.stream.ShardedStream``: each process reads its
 own part and checkpoints its own position); the config must then say so
 (``TaskConfig.streams_training_data``).
 

@@ -27,7 +27,7 @@ from app.distributed.checkpoint.atomic import fsync_path, publish, temporary_sib
 from app.distributed.checkpoint.format import dedupe_shared, write_bytes, write_safetensors
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 log = logging.getLogger(__name__)
 

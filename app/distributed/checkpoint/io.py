@@ -40,7 +40,7 @@ from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import listed_files, lists_folder, load_into
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 class CheckpointIO(Protocol):

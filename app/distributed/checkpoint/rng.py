@@ -16,7 +16,7 @@ import torch
 from app.distributed.checkpoint.store import Manifest, read_state, state_file
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 def capture_rng(backend: Backend) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import listed_files, lists_folder, read_state, state_file
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 def _options(**kwargs: Any) -> Any:

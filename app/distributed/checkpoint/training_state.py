@@ -49,7 +49,7 @@ from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import Manifest, load_into, read_state, state_file
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
     from app.distributed.precision import Precision
     from app.distributed.wrappers import AcceleratedOptimizer
 

@@ -1,6 +1,6 @@
 """Hardware kinds: one spec object per ``hardware=`` option (``registry.py``), the device-type
 operations they use (``device.py``, ``cuda.py``). Only this package and the backend implementations
-(``torch_distributed.py``) name device types or collective libraries."""
+(``app/distributed/backends/``) name device types or collective libraries."""
 
 from app.distributed.hardware.device import DeviceOps
 from app.distributed.hardware.registry import (

@@ -11,7 +11,7 @@ from app.distributed.hardware.multi_cpu import require_cores
 from app.distributed.hardware.spec import Launched, MultiProcessSpec, Visible
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 class FsdpSpec(MultiProcessSpec):
@@ -41,7 +41,7 @@ class FsdpSpec(MultiProcessSpec):
         return False  # only chosen by the config
 
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.torch_distributed import FSDPBackend
+        from app.distributed.backends.torch_distributed import FSDPBackend
 
         return FSDPBackend.from_environment(_device_ops(self.probe()), timeout_s=hw.collective_timeout_s,
                                             reshard_after_forward=hw.fsdp_reshard_after_forward)

@@ -10,7 +10,7 @@ from app.distributed.hardware.spec import MultiProcessSpec, Visible
 from app.worker_processes import available_cores
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 def require_cores(hw: HardwareConfig) -> None:
@@ -33,6 +33,6 @@ class MultiCpuSpec(MultiProcessSpec):
         return world_size > 1 and (cpu or visible_gpus()["cuda"] == 0)
 
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.torch_distributed import DDPBackend
+        from app.distributed.backends.torch_distributed import DDPBackend
 
         return DDPBackend.from_environment(self.devices[0], timeout_s=hw.collective_timeout_s)

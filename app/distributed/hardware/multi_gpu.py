@@ -9,7 +9,7 @@ from app.distributed.hardware.cuda import CUDA, require_gpu, require_gpu_per_pro
 from app.distributed.hardware.spec import MultiProcessSpec, Visible
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 class MultiGpuSpec(MultiProcessSpec):
@@ -30,6 +30,6 @@ class MultiGpuSpec(MultiProcessSpec):
         return world_size > 1 and not cpu and visible_gpus()["cuda"] > 0
 
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.torch_distributed import DDPBackend
+        from app.distributed.backends.torch_distributed import DDPBackend
 
         return DDPBackend.from_environment(CUDA, timeout_s=hw.collective_timeout_s)

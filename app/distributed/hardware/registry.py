@@ -24,7 +24,7 @@ from app.distributed.hardware.tpu import TpuSpec
 
 if TYPE_CHECKING:
     from app.config import HardwareConfig
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 SPECS: dict[str, HardwareSpec] = {
     # Also the order in which an Accelerator() without a config asks HardwareSpec.detects: "cpu",

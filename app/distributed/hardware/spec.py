@@ -14,7 +14,7 @@ from app.config import ConfigError, HardwareConfig, PrecisionMode, RunConfig
 from app.distributed.hardware.device import CPU, DeviceOps
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 Visible = Mapping[str, int]
 """Devices this machine shows, by torch device type (``{"cuda": 2}``); see :meth:`HardwareSpec.probe`."""
@@ -107,7 +107,7 @@ class HardwareSpec:
 
     # -- objects ------------------------------------------------------------------------------------------
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.backend import Backend
+        from app.distributed.backends.base import Backend
 
         return Backend(self.devices[0].local_device(0), self.devices[0])
 

@@ -1,6 +1,6 @@
 """``hardware=tpu``: PyTorch/XLA through SPMD, one process per host driving all of its XLA devices
 (TPU chips; XLA's CPU device with ``PJRT_DEVICE=CPU`` for tests). The backend is
-``app/distributed/xla_spmd.py``."""
+``app/distributed/backends/xla_spmd.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from app.distributed.hardware.xla import (
 )
 
 if TYPE_CHECKING:
-    from app.distributed.backend import Backend
+    from app.distributed.backends.base import Backend
 
 
 class TpuSpec(HardwareSpec):
@@ -51,7 +51,7 @@ class TpuSpec(HardwareSpec):
         return world_size == 1 or "WORLD_SIZE" not in os.environ
 
     def build_backend(self, hw: HardwareConfig) -> Backend:
-        from app.distributed.xla_spmd import XlaSpmdBackend
+        from app.distributed.backends.xla_spmd import XlaSpmdBackend
 
         cache = Path(hw.compile_cache_dir).expanduser() if hw.compile_cache_dir else default_compile_cache_dir()
         return XlaSpmdBackend(sharding=hw.sharding, compile_cache_dir=cache)

@@ -70,7 +70,7 @@ def first_documents(path: Path, reader: LineReader, count: int) -> tuple[list[st
 
 class LineStream(IterableDataset):
     """Token blocks (``packing``) or one row per document, read from ``path`` starting at byte ``begin``:
-    an ``app.distributed.data_stream.ShardedStream``. ``encode`` turns documents into token ids
+    an ``app.distributed.data.stream.ShardedStream``. ``encode`` turns documents into token ids
     (``documents.encode_documents`` with the task's tokenizer)."""
 
     def __init__(self, path: Path, begin: int, reader: LineReader, encode: Callable[[list[str]], list[list[int]]],

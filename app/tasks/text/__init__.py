@@ -11,7 +11,9 @@ columns, to one class, several classes, or a number. The nine GLUE tasks are pre
   split's targets encoded.
 - ``tokenization``: tokenization cached on disk, keyed on everything that changes the token ids.
 - ``batches``: padding rows into batches (and a row's optional second view, a swapped pair).
-- ``models``: loading tokenizers and classifiers from a local folder or the hub, with checks.
+- ``models``: loading tokenizers and classifiers from a local folder or the hub, with checks;
+  ``mean_pooling``: the mean-pooling classifier head (``task.pooling=mean``), self-contained: the
+  export copies the file next to the weights.
 - ``hub``: hub offline probing (a quick TCP probe instead of ~25 s of retries per file).
 - ``task``: ``TextClassificationTask``, the task object the engine drives.
 

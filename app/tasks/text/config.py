@@ -18,7 +18,7 @@ class Pooling(str, enum.Enum):
     """The model's own sequence-classification head (BERT: the [CLS] state through its pooler)."""
     mean = "mean"
     """A linear classifier on the mean of the token states: the head for sentence-transformers
-    checkpoints, which were trained with mean pooling (app/tasks/mean_pooling.py)."""
+    checkpoints, which were trained with mean pooling (app/tasks/text/mean_pooling.py)."""
 
 
 @dataclass

@@ -90,7 +90,7 @@ def load_model(name: str, labels: LabelSet, pooling: Pooling = Pooling.cls) -> n
     """
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    from app.tasks import mean_pooling
+    from app.tasks.text import mean_pooling
 
     check_config_json(name)
     config: dict[str, Any] = {

@@ -304,7 +304,7 @@ class TextClassificationTask:
         from_pretrained(folder) works once the weights are there."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        from app.tasks import mean_pooling
+        from app.tasks.text import mean_pooling
 
         self.tokenizer.save_pretrained(folder)
         config: Any = model.config

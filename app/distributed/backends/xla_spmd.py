@@ -19,12 +19,12 @@ optimizer state; XLA gathers a weight where a step needs it whole and reduce-sca
 The module is not wrapped: its state dict, and so its checkpoints, are the unsharded run's.
 
 Input. Prepared loaders load and place batches ``prefetch_depth`` steps ahead in a background
-thread (``app/distributed/prefetch.py``), as torch_xla's ``MpDeviceLoader`` does, so collating and
+thread (``app/distributed/data/prefetch.py``), as torch_xla's ``MpDeviceLoader`` does, so collating and
 copying the next batches overlaps the tracing and execution of the current step.
 
 Compile cache and report. The backend points torch_xla's persistent compilation cache at a folder
 (``hardware.compile_cache_dir``) before anything runs, and :meth:`XlaSpmdBackend.runtime_report`
-says at the end of a run what XLA did (``app/distributed/xla_metrics.py``).
+says at the end of a run what XLA did (``app/distributed/backends/xla_metrics.py``).
 
 Graphs. XLA traces lazily and compiles one graph per distinct shape and program; ``step_end``
 (``torch_xla.sync()``) cuts the graph once per optimizer step. Nothing else in a training step
@@ -45,10 +45,10 @@ import torch
 from torch import nn
 
 from app.config import ConfigError, MeshSharding
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
+from app.distributed.backends.xla_metrics import XlaCounts
 from app.distributed.hardware.xla import XLA, xla_problem
 from app.distributed.operations import recursively_apply
-from app.distributed.xla_metrics import XlaCounts
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Default task: scikit-learn's bundled 8x8 handwritten digits, an MLP, accuracy and macro-F1.
 
 The data ships inside scikit-learn, so ``python -m app`` trains offline on a fresh machine; it is read
-without importing scikit-learn (``app.tasks.digits_data``: same samples, same split, 1.2 s less start-up).
+without importing scikit-learn (``app.tasks.digits.data``: same samples, same split, 1.2 s less start-up).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
-from app.tasks.digits_config import DigitsConfig
-from app.tasks.digits_data import load_digits, stratified_split
+from app.tasks.digits.config import DigitsConfig
+from app.tasks.digits.data import load_digits
 from app.tasks.metrics import classification_metrics
+from app.tasks.splits import stratified_split
 
 
 class MLP(nn.Module):
@@ -85,7 +86,7 @@ class DigitsTask:
         """What the model card says of the model and the data (app.tasks.base.DescribesItself)."""
         widths = "-".join(str(w) for w in (self.num_features, *self.cfg.hidden_sizes, self.num_classes))
         return {"title": f"MLP {widths} on 8×8 digits",
-                "base model": f"an MLP {widths} (dropout {self.cfg.dropout:g}) trained from scratch (app/tasks/digits.py)",
+                "base model": f"an MLP {widths} (dropout {self.cfg.dropout:g}) trained from scratch (app/tasks/digits/task.py)",
                 "labels": f"{self.num_classes} classes, the digits 0–9",
                 "data": "scikit-learn's bundled 8×8 handwritten digits (1,797 images, pixels scaled to [0, 1]); "
                         f"{self.cfg.eval_fraction:.0%} held out for evaluation, stratified (task.split_seed="

@@ -1,8 +1,8 @@
 """The backend interface: the few operations whose meaning depends on how many processes run and on
 what device. One class per hardware kind implements it; the Accelerator and the engine only call it.
 
-On one process every collective is the identity. The multi-process backends (DDP, FSDP2) live in
-``torch_distributed.py``. What depends on the device type rather than on the process layout (RNG
+This class is also the one-device backend: on one process every collective is the identity. The
+multi-process backends (DDP, FSDP2) live in ``torch_distributed.py``, PyTorch/XLA's in ``xla_spmd.py``. What depends on the device type rather than on the process layout (RNG
 state, cached memory, the end-of-step hook, fused kernels) is the backend's ``ops``, which the
 hardware spec that builds the backend hands it (``app/distributed/hardware/``). How it lays out model
 and optimizer state in a checkpoint is its ``checkpoint_io`` (``app/distributed/checkpoint/io.py``).
@@ -53,7 +53,7 @@ class Backend:
     def gradient_replicas(self) -> int:
         """How many processes' gradients this backend averages in backward: 1 here (and on XLA SPMD,
         whose loss is already the whole global batch's); DDP and FSDP2 average every process's. An
-        item-normalised backward multiplies by it to undo that mean (``step_items.py``)."""
+        item-normalised backward multiplies by it to undo that mean (``app/distributed/facade/step_items.py``)."""
         return 1
 
     static_shapes: bool = False
@@ -62,13 +62,13 @@ class Backend:
 
     prefetch_depth: int = 0
     """How many batches a prepared loader loads and places on the device ahead of the loop, in a
-    background thread (``app/distributed/prefetch.py``); 0: each when the loop asks for it."""
+    background thread (``app/distributed/data/prefetch.py``); 0: each when the loop asks for it."""
 
     # -- data -----------------------------------------------------------------------------------------
     def place_batch(self, batch: Any, non_blocking: bool = False) -> Any:
         """Put a batch built on the host onto this backend's device (``non_blocking``: an
         asynchronous copy from pinned memory, ``DataLoaderConfiguration(non_blocking=True)``)."""
-        from app.distributed.data import send_to_device
+        from app.distributed.operations import send_to_device
 
         return send_to_device(batch, self.device, non_blocking=non_blocking)
 

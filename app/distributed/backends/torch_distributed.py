@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.checkpoint.sharded_io import ShardedStateIO
 from app.distributed.hardware.device import CPU, DeviceOps
 from app.distributed.step_flags import LaggedFlag, StepFlag

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from app.distributed.backend import Backend
-from app.distributed.data import GradientState, send_to_device, with_last_flag
+from app.distributed.backends.base import Backend
+from app.distributed.data.map_style import with_last_flag
+from app.distributed.operations import send_to_device
+from app.distributed.state import GradientState
 
 
 def _item(x: Any) -> Any:

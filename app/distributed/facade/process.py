@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 from app.distributed.hardware.kinds import DistributedType
 
 F = TypeVar("F", bound=Callable[..., Any])

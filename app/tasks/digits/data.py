@@ -2,8 +2,8 @@
 
 Importing anything from scikit-learn costs about 1.2 s (it pulls scipy and pandas): most of what a
 1-step run spent beyond torch. The data is the CSV that ships inside the scikit-learn package, read
-with numpy as ``sklearn.datasets.load_digits`` reads it, and the split is scikit-learn's algorithm
-(``app.tasks.splits``), so a seed selects the same samples as before; tests/test_digits_data.py
+with numpy as ``sklearn.datasets.load_digits`` reads it, and the split (``app.tasks.splits``, shared
+with text classification) is scikit-learn's algorithm, so a seed selects the same samples as before; tests/test_digits_data.py
 checks both against scikit-learn itself.
 """
 
@@ -15,9 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from app.tasks.splits import approximate_mode, stratified_split
-
-__all__ = ["approximate_mode", "digits_csv", "load_digits", "stratified_split"]
+__all__ = ["digits_csv", "load_digits"]
 
 
 def digits_csv() -> Path | None:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from app.distributed.backend import Backend
+from app.distributed.backends.base import Backend
 
 
 class StepItems:

@@ -1,5 +1,6 @@
-"""Data loading for one or many processes: a deterministic, shardable, resumable batch sampler and
-the DataLoader wrapper that moves batches to the device and tells the runtime where the epoch ends.
+"""Prepared loaders over a map-style dataset (one with ``len()`` and indices), for one or many
+processes: a deterministic, shardable, resumable batch sampler and the DataLoader wrapper that moves
+batches to the device and tells the runtime where the epoch ends.
 
 Sample order. Each epoch draws one permutation from ``seed + epoch`` (identical on every rank), cuts
 it into *global steps* of ``num_processes`` per-process batches, and hands batch ``r`` of every
@@ -30,7 +31,7 @@ RNG and a run resumed mid-epoch consumes random numbers exactly as the uninterru
 
 A user's own batch sampler (``DataLoader(batch_sampler=...)``, or ``sampler=BatchSampler(...),
 batch_size=None``) is kept: its batches are dealt to the ranks in turn (Accelerate's
-``BatchSamplerShard``). Iterable datasets are handled in ``data_iterable.py``.
+``BatchSamplerShard``). Iterable datasets are handled in ``iterable.py`` and ``stream.py``.
 
 Resuming. The sampler's position is (epoch, global steps already taken); skipping is an index slice,
 so resuming never replays the data pipeline. A loader's ``state_dict`` records the position as
@@ -48,46 +49,12 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler, SequentialSampler
 
-from app.distributed.length_grouping import LengthGroupedSampler, group_by_length
-from app.distributed.operations import recursively_apply
-from app.distributed.prefetch import prefetched
+from app.distributed.data.length_grouping import LengthGroupedSampler, group_by_length
+from app.distributed.data.prefetch import prefetched
+from app.distributed.operations import send_to_device
+from app.distributed.state import GradientState
 
 log = logging.getLogger(__name__)
-
-
-class GradientState:
-    """What the data pipeline tells the gradient-accumulation logic (owned by one Accelerator).
-
-    Loaders being iterated form a stack (an evaluation loop may run inside a training epoch); the
-    innermost one answers ``active_dataloader``, ``end_of_dataloader`` and ``remainder``.
-    """
-
-    def __init__(self, gradient_accumulation_plugin: Any = None) -> None:
-        self.sync_gradients = True
-        self.active: list[Any] = []
-        plugin = gradient_accumulation_plugin
-        self.num_steps: int = (getattr(plugin, "num_steps", None) or 1)
-        self.adjust_scheduler: bool = getattr(plugin, "adjust_scheduler", True)
-        self.sync_with_dataloader: bool = getattr(plugin, "sync_with_dataloader", True)
-        self.sync_each_batch: bool = getattr(plugin, "sync_each_batch", False)
-
-    @property
-    def in_dataloader(self) -> bool:
-        return bool(self.active)
-
-    @property
-    def active_dataloader(self) -> Any:
-        """The innermost prepared loader being iterated, or None."""
-        return self.active[-1] if self.active else None
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        return self.active[-1].end_of_dataloader if self.active else False
-
-    @property
-    def remainder(self) -> int:
-        """Real samples in the last global step of the innermost loader; -1 before its end."""
-        return self.active[-1].remainder if self.active else -1
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -318,11 +285,6 @@ def draw_generator_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_().item())
 
 
-def send_to_device(obj: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor in a (nested) batch to ``device``; other leaves stay as they are."""
-    return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), obj, error_on_other=False)
-
-
 _END = object()
 
 
@@ -365,7 +327,7 @@ class DataLoaderShard:
         self._place = place if place is not None else (
             None if device.type == "cpu" else lambda batch: send_to_device(batch, device))
         self.prefetch = prefetch if self._place is not None else 0
-        """Batches a background thread loads and places ahead of the loop (``app/distributed/prefetch.py``;
+        """Batches a background thread loads and places ahead of the loop (``app/distributed/data/prefetch.py``;
         the backend's ``prefetch_depth``); 0: each batch is loaded and placed when the loop asks for it."""
         self.dataset = loader.dataset
         self.batch_size = batch_sampler.per_process_batch

@@ -29,8 +29,9 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data._utils.collate import default_collate
 
-from app.distributed.backend import Backend
-from app.distributed.data import GradientState, send_to_device
+from app.distributed.backends.base import Backend
+from app.distributed.operations import send_to_device
+from app.distributed.state import GradientState
 from app.distributed.step_flags import LaggedFlag, StepFlag
 
 
