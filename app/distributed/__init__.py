@@ -2,7 +2,7 @@
 Accelerate), on torch.distributed, DDP, FSDP2 and torch.amp.
 
 An Accelerate script changes its imports only: ``accelerate`` → ``app.distributed``,
-``accelerate.utils`` → ``app.distributed.utils`` (see the README's "Coming from Accelerate")."""
+``accelerate.utils`` → ``app.distributed.utils`` (see docs/accelerate.md)."""
 
 from app.distributed.accelerator import Accelerator
 from app.distributed.backends.base import Backend

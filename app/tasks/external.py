@@ -38,7 +38,7 @@ def typed_task_config(node: Any) -> TaskConfig:
         return node
     if not isinstance(node, dict) or TARGET not in node:
         raise ConfigError("the task option names neither a schema of ours nor a class: give its YAML "
-                          "task._target_=<your package>.<YourTask> (see the README's Task protocol).")
+                          "task._target_=<your package>.<YourTask> (see docs/tasks.md, the Task protocol).")
     target = str(node[TARGET])
     schema = getattr(import_task_class(target), "config_class", None)
     if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and issubclass(schema, TaskConfig)):

@@ -18,7 +18,7 @@ from app.distributed.host_reads import HostRead
 INSTALL_HINT = ("hardware=tpu needs PyTorch/XLA, which is not installed here; torch_xla 2.9.0 needs torch 2.9.0 "
                 "exactly, so make a separate environment for it rather than changing this one's torch: "
                 "python3 -m venv .venv-xla && .venv-xla/bin/pip install torch==2.9.0 torch_xla==2.9.0 && "
-                '.venv-xla/bin/pip install -e ".[tpu]" (README, TPU section).')
+                '.venv-xla/bin/pip install -e ".[tpu]" (docs/tpu.md).')
 NO_TPU_HINT = ("hardware=tpu found no TPU on this machine; run on a TPU VM, or set PJRT_DEVICE=CPU to run on "
                "XLA's CPU device (slow, for testing).")
 _GOOGLE_PCI_VENDOR = "0x1ae0"
