@@ -71,7 +71,7 @@ from app.distributed.state import AcceleratorState, register_accelerator
 from app.distributed.step_flags import StepFlag
 from app.distributed.step_items import StepItems, scale_gradients
 from app.distributed.wrappers import AcceleratedOptimizer, AcceleratedScheduler
-from app.run_layout import checkpoints_dir
+from app.run_folder.layout import checkpoints_dir
 
 F = TypeVar("F", bound=Callable[..., Any])
 

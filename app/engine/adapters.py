@@ -33,7 +33,7 @@ from torch import nn
 from app.config import AdapterConfig, ConfigError, LoraAdapterConfig, require_package
 from app.distributed.checkpoint.export import shard, tied_targets, write_weights
 from app.distributed.checkpoint.format import dedupe_shared
-from app.run_layout import adapter_dir
+from app.run_folder.layout import adapter_dir
 from app.tasks.base import DeclaresAdapterTaskType, Task
 
 if TYPE_CHECKING:

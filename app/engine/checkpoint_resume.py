@@ -1,5 +1,5 @@
 """What a ``resume=`` path may name besides a checkpoint. (The command line a resume becomes is built
-before Hydra starts, in ``app/launching/resume_argv.py``.)"""
+before Hydra starts, in ``app/cli/argv.py``: ``argv_for_resume``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import EXPORT_FILE, adapter_dir, model_dir
+from app.run_folder.layout import EXPORT_FILE, MANIFEST_FILE, adapter_dir, model_dir
 
 
 def is_model_folder(path: Path) -> bool:
@@ -16,7 +16,7 @@ def is_model_folder(path: Path) -> bool:
     checkpoint."""
     return (((path / "model.safetensors").is_file() or (path / "model.safetensors.index.json").is_file()
              or (adapter_dir(path) / "adapter_config.json").is_file())
-            and not (path / "manifest.json").exists())
+            and not (path / MANIFEST_FILE).exists())
 
 
 def exported_model_of(run_folder: Path) -> Path | None:

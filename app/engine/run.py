@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, RunConfig, RunMode
-from app.config_tree import as_plain
+from app.config import ConfigError, RunConfig, RunMode, as_plain
 from app.distributed import Accelerator
 from app.distributed.checkpoint.store import complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
@@ -29,7 +28,14 @@ from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, object
 from app.engine.summary import model_summary
 from app.engine.triggers import EarlyStopping
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
-from app.run_layout import MODEL_DIR, PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
+from app.run_folder.layout import (
+    MODEL_DIR,
+    PREDICTIONS_FILE,
+    checkpoints_dir,
+    model_dir,
+    profile_dir,
+    result_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +131,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
             log.info("%s", interrupted)
             raise interrupted
         if state.non_finite_loss_step is not None or not weights_are_finite(components):
-            # Nothing non-finite is exported; app.__main__ turns this result into exit status 1.
+            # Nothing non-finite is exported; app.cli.job turns this result into exit status 1.
             record(NAN, error=diverged(state, run_dir))
             return objective(stopper.best, NAN)
         if cfg.checkpoint.save_final_model or cfg.predicts_test:
