@@ -63,7 +63,7 @@ def run(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None 
     sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
     a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
     saying so as its error).
-    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder``), called
+    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder.record``), called
     on the main process once the resume is accepted. ``build_pruning``: a pruned sweep's trial link
     (none: the run is never pruned).
 
