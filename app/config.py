@@ -2,8 +2,8 @@
 
 Every YAML under ``conf/`` names its schema first in ``defaults`` so a typo key, a wrong type or an
 unknown enum value is rejected by Hydra when the config is composed, before anything trains.
-``OmegaConf.to_object`` turns the composed config into these dataclasses once, in ``app.__main__``;
-nothing below the entry point reads a ``DictConfig``.
+``OmegaConf.to_object`` turns the composed config into these dataclasses once, at the entry point
+(``app/cli/``); nothing below it reads a ``DictConfig``.
 
 Where the rules live (each fails with one sentence as :class:`ConfigError`, exit 2):
 
@@ -11,8 +11,9 @@ Where the rules live (each fails with one sentence as :class:`ConfigError`, exit
   its fields in this file; a task's in its schema (``app/tasks/*_config.py``);
 - the rules of a hardware kind (devices, processes, precisions, what the kind cannot do): its spec's,
   in ``app/distributed/hardware/``;
-- the two put together, and the schemas put into Hydra's ConfigStore with the task registry's:
-  ``app/configure.py``, which sits above this module, the tasks and the hardware registry.
+- the two put together: ``app/launching/validate.py``, which sits above this module, the tasks and the
+  hardware registry; the schemas put into Hydra's ConfigStore with the task registry's:
+  ``app/cli/configure.py``.
 
 This module is the lowest level of the application: it imports nothing from ``app``, so the tasks'
 schemas and the hardware specs can import it (and answering a refused config needs no torch).
@@ -20,6 +21,7 @@ schemas and the hardware specs can import it (and answering a refused config nee
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import importlib.util
 import re
@@ -28,6 +30,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from omegaconf import MISSING
+
+
+def as_plain(obj: Any) -> Any:
+    """Config dataclasses as dicts, enums by value (what the YAML says)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, (list, tuple)):
+        return [as_plain(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: as_plain(v) for k, v in obj.items()}
+    return obj
 
 
 class ConfigError(ValueError):
@@ -222,7 +237,7 @@ class TrainerConfig:
     max_steps: int = -1
     """Optimizer steps to run; -1 means ``max_epochs`` decides. Given on the command line without
     ``max_epochs``, the steps alone decide (a task's preset epochs do not cut them short:
-    ``app.configure.limits_as_given``)."""
+    ``app.cli.configure.limits_as_given``)."""
     batch_size: int = 32
     """Per process, per micro-batch."""
     eval_batch_size: int | None = None
@@ -358,7 +373,7 @@ class LoggingConfig:
     """Where the mlflow tracker writes (a tracking server's URL, or a backend store such as
     ``sqlite:///path/mlflow.db``); null: ``sqlite:///<outputs>/mlflow.db``, <outputs> being the folder
     that holds both hydra.run.dir and hydra.sweep.dir (``outputs/`` by default: every run and every
-    sweep job in one store; app/run_layout.py)."""
+    sweep job in one store; app/run_folder/layout.py)."""
 
     def check(self) -> None:
         for tracker in (Tracker.wandb, Tracker.mlflow):
@@ -463,7 +478,7 @@ class RunConfig:
 
     def check(self) -> None:
         """Every group's own rules, then those between groups; the hardware kind's come after, from
-        its spec (``app.configure.validate``)."""
+        its spec (``app.launching.validate``)."""
         self.trainer.check()
         self.hardware.check()
         self.checkpoint.check()

@@ -118,7 +118,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(REPO))
-    from tests.tiny_llama import documents, make_tiny_llama, write_text
+    from tests.helpers.tiny_llama import documents, make_tiny_llama, write_text
 
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as tmp:

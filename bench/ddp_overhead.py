@@ -303,8 +303,8 @@ def main() -> None:
     parser.add_argument("--overhead-only", action="store_true", help="part 1 only (the per-step overhead)")
     args = parser.parse_args()
 
-    from app.launching.processes import run_on_processes
-    from app.worker_processes import available_cores
+    from app.this_process import available_cores
+    from app.workers.processes import run_on_processes
 
     cores = available_cores()
     print(f"{cores} cores, torch {torch.__version__}, 2 processes on gloo")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from app.configure import register_configs, to_run_config
+from app.cli.configure import register_configs, to_run_config
 from app.engine.adapters import attach_adapter
 from app.engine.parameter_groups import freeze_parameters
 from app.tasks import build_task

@@ -70,7 +70,7 @@ def read_pairs(path: Path) -> list[tuple[str, str, int]]:
 
 def tiny_model(folder: Path, data_dir: Path) -> Path:
     sys.path.insert(0, str(REPO))
-    from tests.tiny_bert import make_tiny_bert
+    from tests.helpers.tiny_bert import make_tiny_bert
 
     sentences = [s for a, b, _ in read_pairs(data_dir / "train.tsv") for s in (a, b)]
     return make_tiny_bert(folder, sentences, vocab_size=2000)
@@ -254,7 +254,7 @@ def evaluation_comparison(model_dir: str, data_dir: str, tokenized: str, rounds:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from app.configure import register_configs
+    from app.cli.configure import register_configs
     from app.engine.build import build_accelerator, build_components
     from app.engine.loop import evaluate
 

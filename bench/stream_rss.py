@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def write_corpus(path: Path, megabytes: int) -> Path:
-    """JSON Lines documents of the toy grammar (tests/tiny_llama.py) up to ``megabytes``."""
+    """JSON Lines documents of the toy grammar (tests/helpers/tiny_llama.py) up to ``megabytes``."""
     sys.path.insert(0, str(REPO))
-    from tests.tiny_llama import documents
+    from tests.helpers.tiny_llama import documents
 
     chunk = "".join(json.dumps({"text": d}) + "\n" for d in documents(5000, seed=0)).encode()
     with open(path, "wb") as f:
@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=1)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from tests.tiny_llama import make_tiny_llama
+    from tests.helpers.tiny_llama import make_tiny_llama
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,7 +38,7 @@ from torch import nn
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.worker_processes import available_cores
+from app.this_process import available_cores
 
 # (hidden sizes) of a 64-input, 10-class MLP, as the digits task builds it.
 SIZES = ((128, 64), (512, 256), (1024, 1024), (2048, 2048))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from app.cli.configure import register_configs, to_run_config
 from app.config import RunConfig
-from app.configure import register_configs, to_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
@@ -51,9 +51,9 @@ def compose_cfg():
 
 @pytest.fixture(scope="session")
 def text_model(tmp_path_factory) -> Path:
-    """A tiny BERT whose vocabulary covers tests/text_data.py's generated texts."""
-    from tests.text_data import vocabulary_text
-    from tests.tiny_bert import make_tiny_bert
+    """A tiny BERT whose vocabulary covers tests/helpers/text_data.py's generated texts."""
+    from tests.helpers.text_data import vocabulary_text
+    from tests.helpers.tiny_bert import make_tiny_bert
 
     return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())
 

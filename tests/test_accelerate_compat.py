@@ -26,7 +26,7 @@ from app.distributed.utils import (
     find_executable_batch_size,
     set_seed,
 )
-from tests.distributed_helpers import ddp_backend, on_processes
+from tests.helpers.distributed_helpers import ddp_backend, on_processes
 
 
 def _epochs(loader: Any, n: int = 3) -> list[list[int]]:

@@ -1,5 +1,5 @@
 """Accelerate's own distributed test scripts (from the ``accelerate`` wheel, a test-only dependency)
-run on ``app.distributed`` with every ``accelerate`` import resolved to it (tests/accelerate_runner.py),
+run on ``app.distributed`` with every ``accelerate`` import resolved to it (tests/helpers/accelerate_runner.py),
 on 1 and 2 CPU processes. Every check must pass, except those listed in the runner's EXCLUDED (also
 in docs/accelerate.md, with the reason); the counts are what that page reports.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-RUNNER = REPO / "tests" / "accelerate_runner.py"
+RUNNER = REPO / "tests" / "helpers" / "accelerate_runner.py"
 
 # (script, processes) -> checks run on each process (passed + excluded). A script's own
 # conditions decide what runs on CPU (its GPU-only branches are not called).

@@ -1,5 +1,5 @@
 """What Transformers' ``*_no_trainer.py`` scripts rely on, compared with ``accelerate`` itself (a test-only
-dependency): the same worker (tests/accelerate_parity_worker.py) runs on both packages, on 1 and 2
+dependency): the same worker (tests/helpers/accelerate_parity_worker.py) runs on both packages, on 1 and 2
 CPU processes, with the same ``set_seed``.
 
 - ``accelerate.logging.get_logger``: ``main_process_only`` and ``in_order`` on 2 real processes, and
@@ -29,7 +29,7 @@ from app.distributed import Accelerator
 from app.distributed.utils import set_seed
 
 REPO = Path(__file__).resolve().parents[1]
-WORKER = REPO / "tests" / "accelerate_parity_worker.py"
+WORKER = REPO / "tests" / "helpers" / "accelerate_parity_worker.py"
 
 pytest.importorskip("accelerate")
 

@@ -14,8 +14,8 @@ import torch
 
 from app.config import ConfigError, LoraAdapterConfig
 from tests.conftest import compose_config, run_app
-from tests.metrics_rows import metrics_rows, without_throughput
-from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")

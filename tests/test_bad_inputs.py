@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.__main__ import unknown_keys
+from app.cli.job import unknown_keys
 from app.config import ConfigError
 from app.distributed import Accelerator
 from app.distributed.checkpoint import store
 from app.distributed.checkpoint.format import read_safetensors
 from app.distributed.hardware.multi_cpu import available_cores
 from tests.conftest import compose_config, run_app
-from tests.tiny_bert import HEADER, make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+from tests.helpers.tiny_bert import HEADER, make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
 QUIET = ("logging.progress_bar=false", "logging.trackers=[]")
 
@@ -81,7 +81,7 @@ def test_unknown_keys_are_found_at_any_depth():
     cfg = compose_config("+foo=bar", "+trainer.batchsize=3", "+task.dropuot=0.5")
     from omegaconf import OmegaConf
 
-    from app.config_tree import as_plain
+    from app.config import as_plain
 
     composed = OmegaConf.to_container(OmegaConf.structured(as_plain(cfg)))
     composed["foo"], composed["trainer"]["batchsize"], composed["task"]["dropuot"] = "bar", 3, 0.5
@@ -190,7 +190,7 @@ def offline(monkeypatch):
 def test_a_tokenizer_that_cannot_encode_the_data_and_a_damaged_config_are_named(tmp_path, offline):
     from app.tasks.text.models import load_model
     from app.tasks.text.task import TextClassificationTask
-    from tests.tiny_bert import mrpc_config
+    from tests.helpers.tiny_bert import mrpc_config
 
     data = make_tiny_glue_tsv(tmp_path / "data", n_train=48, n_val=16)
     model = make_tiny_bert(tmp_path / "bert", [s for _, s1, s2 in synthetic_pairs(100, seed=9) for s in (s1, s2)])

@@ -19,7 +19,7 @@ import pytest
 
 from app.config import ConfigError
 from app.tasks.text.config import TextClassificationConfig
-from tests.text_data import pair_rows, score_rows, write_csv
+from tests.helpers.text_data import pair_rows, score_rows, write_csv
 
 QUIET = ("logging.progress_bar=false", "logging.trackers=[]", "logging.print_config=false")
 HYDRA_RECORD = {".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "app.log"}
@@ -77,7 +77,7 @@ def overrides_as_config(args: tuple[str, ...], folder, model) -> TextClassificat
 @pytest.mark.timeout(240)
 def test_every_bad_text_input_is_one_sentence(tmp_path, text_model, monkeypatch):
     from app.tasks.text.task import TextClassificationTask
-    from tests.tiny_bert import FakeRuntime
+    from tests.helpers.tiny_bert import FakeRuntime
 
     fraction = write_data(tmp_path)
     monkeypatch.chdir(tmp_path)  # the messages name the files as the command line does

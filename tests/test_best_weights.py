@@ -160,7 +160,7 @@ def test_on_two_processes_the_export_holds_the_best_evaluations_weights(tmp_path
 @pytest.mark.timeout(300)
 def test_with_lora_the_kept_weights_are_the_adapters_and_head_and_the_export_is_the_best(tmp_path):
     pytest.importorskip("peft")
-    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+    from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
     data = make_tiny_glue_tsv(tmp_path / "data", n_train=64, n_val=21)
     model = make_tiny_bert(tmp_path / "bert", [s for _, a, b in synthetic_pairs(200, seed=3) for s in (a, b)])

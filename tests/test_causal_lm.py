@@ -27,7 +27,7 @@ from app.tasks.causal_lm.batches import IGNORE_INDEX, LMCollator
 from app.tasks.causal_lm.documents import encode_documents, pack
 from app.tasks.causal_lm.stream import LineReader, LineStream
 from tests.conftest import compose_config, compose_many, run_app
-from tests.tiny_llama import documents, make_tiny_llama, write_jsonl, write_text
+from tests.helpers.tiny_llama import documents, make_tiny_llama, write_jsonl, write_text
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
 
@@ -111,7 +111,7 @@ def test_text_jsonl_parquet_and_a_load_dataset_folder_give_the_same_blocks(tmp_p
 
     from app.tasks.causal_lm.config import CausalLMConfig, LMDataFiles
     from app.tasks.causal_lm.task import CausalLMTask
-    from tests.tiny_bert import FakeRuntime
+    from tests.helpers.tiny_bert import FakeRuntime
 
     train, validation = documents(120, seed=7), documents(20, seed=8)
     folder = tmp_path / "hub_like"

@@ -23,7 +23,7 @@ from app.distributed.checkpoint import format as checkpoint_format
 from app.distributed.checkpoint import store
 from app.distributed.checkpoint.errors import CheckpointWriteError
 from app.distributed.configuration import ProjectConfiguration
-from tests.distributed_helpers import on_processes
+from tests.helpers.distributed_helpers import on_processes
 from tests.test_resume_world_size import B, assert_same_state, build, runtime, snapshot, train
 
 

@@ -86,7 +86,7 @@ def test_untied_module_sharing_memory_and_pickle_format(tmp_path, caplog):
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_glue_run_exports_a_folder_from_pretrained_loads(tmp_path):
-    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+    from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
     data = make_tiny_glue_tsv(tmp_path / "data", n_train=32, n_val=8)
     sentences = [s for _, s1, s2 in synthetic_pairs(100, seed=9) for s in (s1, s2)]

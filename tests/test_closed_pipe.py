@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from app.config_tree import show_config
-from app.console import ClosedPipeSafe, write_raw
+from app.console.config_tree import show_config
+from app.console.output import ClosedPipeSafe, write_raw
 from app.distributed.checkpoint.store import complete_checkpoints
 from tests.conftest import REPO, compose_config
-from tests.tmux import Terminal, app_command
+from tests.helpers.tmux import Terminal, app_command
 
 
 @pytest.fixture

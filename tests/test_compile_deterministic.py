@@ -8,10 +8,10 @@ import torch
 from safetensors.torch import load_file
 
 from app.config import ConfigError
-from app.configure import validate
 from app.distributed.determinism import deterministic_algorithms
 from app.distributed.hardware import hardware_spec
 from app.engine.run import run
+from app.launching.validate import validate
 from tests.conftest import compose_config
 
 SHORT = ("trainer.max_epochs=-1", "trainer.max_steps=3", "checkpoint.export=last", "logging.trackers=[]",

@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker
-from app.configure import validate
+from app.launching.validate import validate
 from app.tasks import TASK_SCHEMAS, DigitsConfig
 from tests.conftest import CONF_DIR, REPO, compose_config, compose_many, run_app
 
@@ -139,7 +139,7 @@ def test_bad_input_exits_nonzero_and_leaves_nothing_behind(tmp_path, args, fragm
 
 def test_config_module_is_the_lowest_level():
     """app/config.py imports nothing from app (function-local imports included): the tasks' schemas and
-    the hardware specs import it, and app/configure.py puts the registries and the rules together."""
+    the hardware specs import it, and app/launching/validate.py puts the rules together."""
     tree = ast.parse((REPO / "app" / "config.py").read_text(encoding="utf-8"))
     imported = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
@@ -151,7 +151,7 @@ def test_group_rules_refuse_before_torch_is_imported():
     code = (
         "import sys\n"
         "from app.config import AdamWConfig, ConfigError, RunConfig, TrainerConfig\n"
-        "from app.configure import validate\n"
+        "from app.launching.validate import validate\n"
         "from app.tasks import DigitsConfig\n"
         "for cfg in (RunConfig(task=DigitsConfig(), optim=AdamWConfig(), trainer=TrainerConfig(batch_size=0)),\n"
         "            RunConfig(task=DigitsConfig(dropout=2.0), optim=AdamWConfig())):\n"

@@ -18,10 +18,9 @@ from typing import Any
 import pytest
 
 from app.launching.launch import launch
-from app.launching.processes import free_port
-from app.worker_processes import WorkerFailed
+from app.workers.elastic import WorkerFailed, free_port
 from tests.conftest import compose_many, run_app
-from tests.distributed_helpers import ddp_backend, on_processes
+from tests.helpers.distributed_helpers import ddp_backend, on_processes
 
 pytestmark = [pytest.mark.multiprocess]
 

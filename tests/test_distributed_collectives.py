@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.distributed_helpers import ddp_backend, on_processes
+from tests.helpers.distributed_helpers import ddp_backend, on_processes
 
 pytestmark = [pytest.mark.multiprocess]
 

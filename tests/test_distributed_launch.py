@@ -9,10 +9,10 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from app.cli.argv import LaunchError, argv_for_rank
 from app.config import ConfigError
-from app.configure import validate
-from app.launching.processes import free_port
-from app.launching.torchrun import LaunchError, argv_for_rank
+from app.launching.validate import validate
+from app.workers.elastic import free_port
 from tests.conftest import CONF_DIR, compose_config
 
 

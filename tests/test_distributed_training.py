@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.distributed_helpers import ddp_backend, fsdp_backend, on_processes
+from tests.helpers.distributed_helpers import ddp_backend, fsdp_backend, on_processes
 
 pytestmark = [pytest.mark.multiprocess]
 

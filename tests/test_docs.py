@@ -198,11 +198,10 @@ def fill(command: DocCommand, fx: dict[str, Path]) -> str:
 
 
 def entry_argv(argv: list[str]) -> list[str]:
-    """The command line as ``python -m app`` rewrites it before Hydra (``app.__main__.cli``): the config
+    """The command line as ``python -m app`` rewrites it before Hydra (the first steps of ``app.cli.argv.STEPS``): the config
     folder as a search path, a task sweep's task keys, ``resume=<path>``'s run folder and overrides.
     (torchrun's agreement on a run folder needs the running ranks; SLURM's layout, the environment.)"""
-    from app.__main__ import config_dir_as_searchpath, task_keys_of_a_task_sweep
-    from app.launching.resume_argv import argv_for_resume
+    from app.cli.argv import argv_for_resume, config_dir_as_searchpath, task_keys_of_a_task_sweep
 
     return argv_for_resume(task_keys_of_a_task_sweep(config_dir_as_searchpath(argv)))
 
@@ -223,8 +222,8 @@ def compose_checked(overrides: list[str], launched: tuple[int, int] | None) -> N
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from app.__main__ import unknown_keys
-    from app.configure import limits_as_given, to_run_config
+    from app.cli.configure import limits_as_given, to_run_config
+    from app.cli.job import unknown_keys
     from app.distributed.hardware.spec import check_launcher
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
@@ -239,7 +238,7 @@ def compose_checked(overrides: list[str], launched: tuple[int, int] | None) -> N
 
 def compose_command(command: DocCommand, fx: dict[str, Path]) -> int:
     """Compose the command's jobs (raising what the app would refuse with); returns how many."""
-    from app.help import app_help, chosen_options
+    from app.cli.help import app_help, chosen_options
 
     argv = shlex.split(fill(command, fx), comments=True)
     if "--help" in argv or "-h" in argv:

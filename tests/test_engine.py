@@ -20,7 +20,7 @@ from app.engine.parameter_groups import freeze_parameters, parameter_groups
 from app.engine.schedulers import linear_with_warmup
 from app.tasks.digits.task import DigitsTask
 from tests.conftest import REPO, compose_config
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 
 FAST = ["logging.trackers=[]", "logging.progress_bar=false", "trainer.batch_size=128"]
 

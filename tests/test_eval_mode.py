@@ -40,7 +40,7 @@ def test_eval_mode_measures_the_saved_weights_and_touches_nothing(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_eval_mode_with_predict_test_writes_one_prediction_per_test_row(tmp_path, text_model):
-    from tests.text_data import pair_rows, write_csv
+    from tests.helpers.text_data import pair_rows, write_csv
 
     header = ["question", "answer", "label"]
     write_csv(tmp_path / "train.csv", header, pair_rows(200, 1))

@@ -19,7 +19,7 @@ from app.tasks.text.sources import load_glue_folder
 from app.tasks.text.task import TextClassificationTask
 from app.tasks.text.tokenization import IGNORE_INDEX
 from app.tasks.text.tsv import read_glue_tsv
-from tests.tiny_bert import (
+from tests.helpers.tiny_bert import (
     FakeRuntime,
     make_tiny_bert,
     make_tiny_glue_tsv,

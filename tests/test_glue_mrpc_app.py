@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import SHARED_DATA, run_app
-from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
 REAL_MRPC = SHARED_DATA / "glue_mrpc"
 

@@ -15,7 +15,7 @@ from app.tasks.text.glue import GLUE_SPECS, GlueName
 from app.tasks.text.metrics import Problem
 from app.tasks.text.sources import load_glue_folder
 from tests.conftest import compose_many, run_app
-from tests.text_data import GLUE_FOLDERS, write_glue_task
+from tests.helpers.text_data import GLUE_FOLDERS, write_glue_task
 
 RUN_GLUE = {  # Transformers' run_glue.py: task_to_keys, and the metric its evaluate("glue", task) reports
     "cola": (("sentence",), ("matthews_corrcoef",)),
@@ -106,7 +106,7 @@ def test_mnli_without_its_mismatched_set_is_refused_and_its_own_files_have_one(t
     from app.config import ConfigError
     from app.tasks.text.task import TextClassificationTask
     from tests.conftest import compose_config
-    from tests.tiny_bert import FakeRuntime
+    from tests.helpers.tiny_bert import FakeRuntime
 
     write_glue_task(tmp_path / "MNLI", "mnli", n=12)
     (tmp_path / "MNLI" / "dev_mismatched.tsv").unlink()

@@ -15,7 +15,7 @@ from app.tasks.text.glue import GLUE_SPECS, GlueName
 from app.tasks.text.sources import load_glue_folder
 from app.tasks.text.tsv import read_glue_tsv
 from tests.conftest import compose_config, run_app
-from tests.tiny_bert import make_tiny_bert, synthetic_pairs
+from tests.helpers.tiny_bert import make_tiny_bert, synthetic_pairs
 
 SST2 = GLUE_SPECS[GlueName.sst2]
 

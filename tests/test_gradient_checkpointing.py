@@ -15,7 +15,7 @@ from torch import nn
 from app.config import ConfigError
 from app.engine.activation_checkpointing import enable_gradient_checkpointing
 from tests.conftest import compose_config
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 
 
 def loss_and_grads(model: nn.Module, forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from app.config import ConfigError, HardwareConfig, HardwareKind, RunConfig
-from app.configure import validate
 from app.distributed import Backend
 from app.distributed.hardware import SPECS, DeviceOps, HardwareSpec, device_ops, hardware_spec, registry
 from app.launching.launch import launch
+from app.launching.validate import validate
 from tests.conftest import REPO, compose_config
 
 # Only these files may name a device type or a collective library in code: the hardware package

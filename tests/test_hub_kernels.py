@@ -17,7 +17,7 @@ import torch
 
 from app.distributed.hardware import SPECS
 from app.launching.hub_kernels import ENV, hub_kernels_off_by_default, keep_hub_kernels_off
-from tests.tiny_llama import make_tiny_llama
+from tests.helpers.tiny_llama import make_tiny_llama
 
 
 def test_off_unless_the_user_set_it():

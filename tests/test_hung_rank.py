@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from app.launching.worker_watchdog import process_state
+from app.workers.watchdog import process_state
 from tests.conftest import run_app
 
 pytestmark = [pytest.mark.multiprocess]

@@ -1,7 +1,9 @@
 """The shape of ``app/``, read from its source with ``ast`` (nothing is imported):
 
-- no import cycle between its modules, and no module imports one of a layer above its own (LAYERS:
-  config → distributed, tasks → engine → launching → ``__main__``);
+- no import cycle between its modules, and no module imports one of a layer above its own (LAYERS, one
+  set of folders each: the root's modules and ``console/`` → ``run_folder/``, ``workers/`` →
+  ``distributed/``, ``tasks/`` → ``engine/`` → ``launching/``, ``sweeps/``, ``report/`` → ``cli/``);
+- the root of ``app/`` holds the foundation only: at most six modules;
 - no module of ``app/engine`` imports ``torch.distributed``, ``torch_xla`` or a CUDA-specific API: the
   engine is the code that runs inside a worker, whatever the hardware (the device names themselves are
   kept out by ``test_engine.py``);
@@ -25,18 +27,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 APP = REPO / "app"
 
-# The layers of app/, lowest first: a module imports modules of its own layer and of those below, never
-# of one above (what a lower layer needs from a higher one is a callable passed in). A module belongs
-# to the longest name listed that is itself or a package above it; every module must belong to one.
+# The layers of app/, lowest first, each a set of folders (the packages directly under app/; "app" is the
+# modules at its root, the foundation every layer may import). A module belongs to the layer of its
+# folder, and imports modules of its own layer and of those below, never of one above (what a lower
+# layer needs from a higher one is a callable passed in). Every folder must be in a layer. The one
+# exception is named: ``app/__main__.py``, the few lines of ``python -m app`` that hand over to app.cli.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("app", "app.config", "app.config_tree", "app.console", "app.run_layout", "app.interrupts",
-                    "app.worker_processes", "app.library_logs")),
+    ("foundation", ("app", "app.console")),
+    ("run folder and worker processes", ("app.run_folder", "app.workers")),
     ("runtime and tasks", ("app.distributed", "app.tasks")),
     ("engine", ("app.engine",)),
-    ("launching", ("app.launching", "app.configure", "app.run_folder", "app.report", "app.sweeps", "app.help",
-                   "app.hydra_errors", "app.refusal")),
-    ("entry point", ("app.__main__",)),
+    ("launching", ("app.launching", "app.sweeps", "app.report")),
+    ("command line", ("app.cli", "app.__main__")),
 )
+ROOT_MODULES_AT_MOST = 6
+"""The foundation at the root of app/ (``__init__`` and ``__main__`` included); the rest lives in folders."""
 
 # What a module of app/engine must not import: the collective library, XLA, CUDA's own API.
 ENGINE_FORBIDDEN = ("torch.distributed", "torch_xla", "torch.cuda", "torch.backends.cuda", "torch.backends.cudnn")
@@ -186,14 +191,21 @@ def test_no_import_cycle_in_app():
     assert not cycles, "import cycle(s) in app/:\n" + "\n".join(cycles)
 
 
+def folder_of(module: str) -> str:
+    """The folder directly under app/ that holds the module (``app.engine.loop`` -> ``app.engine``), or
+    ``app`` for a module at the root (``app.config``) and the package itself."""
+    parts = module.split(".")
+    return f"app.{parts[1]}" if len(parts) > 1 and (APP / parts[1]).is_dir() else "app"
+
+
 def layer_of(module: str) -> int | None:
-    """The index in LAYERS of the module's layer (None: in no layer)."""
-    best: tuple[int, int] | None = None  # (length of the name that matched, layer)
-    for index, (_, names) in enumerate(LAYERS):
-        for name in names:
-            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > best[0]):
-                best = (len(name), index)
-    return best[1] if best is not None else None
+    """The index in LAYERS of the module's layer (None: in no layer): the module's own entry (the named
+    exception), else its folder's."""
+    for name in (module, folder_of(module)):
+        for index, (_, names) in enumerate(LAYERS):
+            if name in names:
+                return index
+    return None
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
@@ -208,14 +220,25 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_no_module_imports_one_above_it_in_the_layering():
-    assert [layer_of(m) for m in ("app", "app.configure", "app.config", "app.engine.loop", "app.__main__")] == [0, 3, 0, 2, 4]
-    assert upward_imports({"app.engine.run": {"app.run_folder", "app.config"}, "app.run_folder": {"app.config"}}) == [
-        "app.engine.run (engine) imports app.run_folder (launching)"]
+    assert [layer_of(m) for m in ("app", "app.config", "app.console.logs", "app.run_folder.layout", "app.engine.loop",
+                                  "app.cli.configure", "app.__main__")] == [0, 0, 0, 1, 3, 5, 5]
+    assert upward_imports({"app.engine.run": {"app.cli.job", "app.config"}, "app.cli.job": {"app.config"}}) == [
+        "app.engine.run (engine) imports app.cli.job (command line)"]
     graph = import_graph(modules())
     unplaced = sorted(m for m in graph if layer_of(m) is None)
-    assert not unplaced, f"modules in no layer (add them to LAYERS in this file): {unplaced}"
+    assert not unplaced, f"modules in no layer (add their folder to LAYERS in this file): {unplaced}"
     upward = upward_imports(graph)
     assert not upward, "imports of a layer above the importer's:\n" + "\n".join(upward)
+
+
+def test_the_root_of_app_holds_the_foundation_only():
+    """Fabric's folders by role: nothing of substance loose at the package root; each folder under app/
+    is a layer's (a new one must be placed in LAYERS)."""
+    root = sorted(path.name for path in APP.glob("*.py"))
+    assert len(root) <= ROOT_MODULES_AT_MOST, f"app/ holds {len(root)} modules at its root: {root}"
+    folders = sorted(f"app.{path.parent.name}" for path in APP.glob("*/__init__.py"))
+    placed = {name for _, names in LAYERS for name in names}
+    assert not [folder for folder in folders if folder not in placed], f"folders in no layer: {folders}"
 
 
 def engine_offences(path: Path, name: str) -> list[str]:

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
-from tests.metrics_rows import metrics_rows
-from tests.text_data import topic_rows, vocabulary_text, write_csv
+from tests.helpers.metrics_rows import metrics_rows
+from tests.helpers.text_data import topic_rows, vocabulary_text, write_csv
 
 SPLITS = {  # name: (per-process batch, accumulation steps, processes, hardware); the global batch is 8 in each
     "batch 8": (8, 1, 1, "cpu"),
@@ -41,7 +41,7 @@ ONE_SGD_STEP = ("optim=sgd", "optim.lr=0.5", "optim.momentum=0.0", "scheduler=co
 def short_and_long_documents(n: int, seed: int) -> list[str]:
     """Documents of 1 and of 12 sentences, three of a kind in turn: every batch split mixes them
     unevenly (a micro-batch of two long ones beside one of two short ones)."""
-    from tests.tiny_llama import OBJECTS, SUBJECTS, VERBS
+    from tests.helpers.tiny_llama import OBJECTS, SUBJECTS, VERBS
 
     rng = random.Random(seed)
 
@@ -57,7 +57,7 @@ def causal_lm(tmp_path_factory) -> tuple[str, ...]:
     """A saved tiny Llama (its weights are the starting point of every run) and the documents."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tests.tiny_llama import make_tiny_llama, write_text
+    from tests.helpers.tiny_llama import make_tiny_llama, write_text
 
     folder = tmp_path_factory.mktemp("loss_lm")
     model = make_tiny_llama(folder / "model", hidden=16, layers=1, heads=2, kv_heads=1)
@@ -73,7 +73,7 @@ def causal_lm(tmp_path_factory) -> tuple[str, ...]:
 @pytest.fixture(scope="module")
 def text_classification(tmp_path_factory) -> tuple[str, ...]:
     """A tiny BERT without dropout and 15 training texts of 4 to 12 words (the last global batch: 7)."""
-    from tests.tiny_bert import make_tiny_bert
+    from tests.helpers.tiny_bert import make_tiny_bert
 
     folder = tmp_path_factory.mktemp("loss_text")
     model = make_tiny_bert(folder / "model", vocabulary_text(), dropout=0.0)

@@ -12,7 +12,7 @@ import pytest
 
 from app.config import ConfigError, LoggingConfig, Tracker
 from app.distributed import Accelerator
-from app.run_layout import mlflow_store
+from app.run_folder.layout import mlflow_store
 from tests.conftest import run_app
 
 mlflow = pytest.importorskip("mlflow")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.distributed import Accelerator, notebook_launcher
-from app.worker_processes import free_port, local_port, port_is_free
+from app.workers.elastic import free_port, local_port, port_is_free
 from tests.conftest import REPO
 
 # The user's script: the model is built once in the parent and reaches both processes through

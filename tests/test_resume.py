@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.argv import argv_for_resume
 from app.distributed.checkpoint.store import (
     FAULT_ENV,
     HOLD_MESSAGE,
@@ -25,9 +26,8 @@ from app.distributed.checkpoint.store import (
     next_save_number,
 )
 from app.engine.run import run as run_in_process
-from app.launching.resume_argv import argv_for_resume
 from tests.conftest import compose_config, run_app
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 
 # 2 epochs of 45 steps; step checkpoints every 7 steps fall mid-epoch, log lines every 5 steps span
 # checkpoints (so the partial loss window must be restored), dropout and shuffling are on, and the

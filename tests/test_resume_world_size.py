@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from app.distributed import Accelerator
 from tests.conftest import run_app
-from tests.distributed_helpers import ddp_backend, on_processes
+from tests.helpers.distributed_helpers import ddp_backend, on_processes
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -76,7 +76,7 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
 def runtime(kind: str) -> tuple[Accelerator, Any]:
     """A fresh Accelerator for ``kind`` (``ddp`` or ``fsdp``) and the matching weight snapshot."""
     if kind == "fsdp":
-        from tests.distributed_helpers import fsdp_backend
+        from tests.helpers.distributed_helpers import fsdp_backend
 
         return Accelerator(backend=fsdp_backend(), seed=5, scale_scheduler_by_processes=False), full_snapshot
     return Accelerator(backend=ddp_backend(), seed=5, scale_scheduler_by_processes=False), snapshot

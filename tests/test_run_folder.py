@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.run_folder import LOCK_FILE, RunFolderError, RunFolderLock
+from app.run_folder.claims import RunFolderError, RunFolderLock
+from app.run_folder.layout import LOCK_FILE
 from tests.conftest import run_app
 
 ARGS = ("trainer.max_steps=2", "checkpoint.every_n_steps=1", "logging.progress_bar=false", "logging.trackers=[]")
@@ -95,7 +96,7 @@ def test_a_live_run_holds_its_folder_and_a_killed_one_lets_go(tmp_path):
 
 
 def test_printing_the_config_claims_no_folder(tmp_path, monkeypatch):
-    from app.run_folder import claim_from_argv
+    from app.cli.argv import claim_from_argv
 
     monkeypatch.chdir(tmp_path)
     argv = ["--cfg", "job", "hydra.run.dir=somewhere"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_app
-from tests.metrics_rows import metrics_rows
+from tests.helpers.metrics_rows import metrics_rows
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false",
          "checkpoint.every_epoch=false", "checkpoint.save_final_model=false", "early_stopping.patience=null")

@@ -1,4 +1,4 @@
-"""SLURM for real, on a cluster started on this machine for the session (``tests/slurm_cluster.py``:
+"""SLURM for real, on a cluster started on this machine for the session (``tests/helpers/slurm_cluster.py``:
 munged, slurmctld, two slurmd; accounting off): a sweep of two-task jobs with its report, a failing
 task that ends the sweep with its sentence, ``scontrol requeue`` and ``scancel --signal=USR1`` of a
 running job that saves at the step, requeues and continues by itself to the uninterrupted run's
@@ -26,7 +26,7 @@ import pytest
 
 from app.distributed.checkpoint.store import complete_checkpoints
 from tests.conftest import run_app
-from tests.slurm_cluster import SlurmCluster, unavailable
+from tests.helpers.slurm_cluster import SlurmCluster, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, run_app
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 
 TINY = ("trainer.max_steps=10", "trainer.eval_every_n_steps=5", "trainer.log_every_n_steps=5",
         "logging.progress_bar=false", "logging.trackers=[]")
@@ -249,7 +249,7 @@ def test_two_slurm_tasks_train_as_two_ranks_into_one_run_folder(tmp_path: Path) 
     # What srun -n 2 starts: two processes that only differ in SLURM_PROCID / SLURM_LOCALID.
     import os
 
-    from app.launching.processes import free_port
+    from app.workers.elastic import free_port
 
     run = tmp_path / "run"
     base = {**os.environ, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost",

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app.config_tree import show_config
+from app.console.config_tree import show_config
 from app.engine.progress import human, human_metrics
 from tests.conftest import REPO, compose_config, run_app
-from tests.tmux import Terminal, app_command
+from tests.helpers.tmux import Terminal, app_command
 
 LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\]\[")
 
@@ -181,7 +181,7 @@ def test_other_libraries_chatter_stays_off_the_terminal_and_goes_to_app_log(tmp_
     pytest.importorskip("mlflow")
     from transformers import AutoTokenizer, BertModel
 
-    from tests.text_data import pair_rows, write_csv
+    from tests.helpers.text_data import pair_rows, write_csv
 
     # A checkpoint without a classifier (transformers' load report: the head it initialises), LoRA (peft
     # calls an API transformers deprecates: a FutureWarning), MLflow (its tables created), an export
@@ -220,7 +220,7 @@ def test_other_libraries_chatter_stays_off_the_terminal_and_goes_to_app_log(tmp_
 def test_colouring_libraries_write_plain_text_to_a_file(tmp_path):
     # Optuna logs through colorlog, which colours whatever the stream; the app asks for plain text
     # (NO_COLOR) when its stderr is not a terminal, before the sweeper imports Optuna.
-    script = ("from app.console import protect_output; protect_output(); import optuna; "
+    script = ("from app.console.output import protect_output; protect_output(); import optuna; "
               "optuna.logging.get_logger('optuna').info('A new study created')")
     with (tmp_path / "err.log").open("w") as err:
         subprocess.run([sys.executable, "-c", script], stderr=err, cwd=REPO, timeout=60, check=True,
@@ -256,7 +256,8 @@ def test_a_parallel_optuna_sweep_shows_one_line_per_job_start_and_end(tmp_path):
 
 RELAYED = """
 import os, signal, sys, time, warnings
-from app.console import native_stderr_to_log, protect_output
+from app.console.native_stderr import native_stderr_to_log
+from app.console.output import protect_output
 
 protect_output()
 with native_stderr_to_log(["GSPMD sharding propagation", "Failed to deserialize"], sys.argv[1], "torch_xla"):

@@ -23,7 +23,7 @@ from app.tasks.text.config import DataFiles, TextClassificationConfig
 from app.tasks.text.metrics import Problem, compute
 from app.tasks.text.task import LabelState, TextClassificationTask
 from tests.conftest import run_app
-from tests.text_data import (
+from tests.helpers.text_data import (
     pair_rows,
     score_rows,
     tag_rows,
@@ -31,7 +31,7 @@ from tests.text_data import (
     write_csv,
     write_jsonl,
 )
-from tests.tiny_bert import FakeRuntime
+from tests.helpers.tiny_bert import FakeRuntime
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
 

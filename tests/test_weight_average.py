@@ -102,7 +102,7 @@ def test_training_evaluates_and_exports_the_average(tmp_path):
 ])
 def test_bad_decay_is_one_sentence(overrides, fragment):
     from app.config import ConfigError
-    from app.configure import validate
+    from app.launching.validate import validate
 
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         validate(compose_config(*overrides), visible={"cuda": 0})

@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from app.config import ConfigError
-from app.configure import validate
 from app.distributed.checkpoint.store import FAULT_ENV, complete_checkpoints
 from app.distributed.hardware.xla import bf16_variable_refusal, tpu_attached, xla_problem
 from app.engine.loop import NoCheckpoints
+from app.launching.validate import validate
 from tests.conftest import SHARED_DATA, compose_config, run_app
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 
 pytestmark = pytest.mark.xla
 
@@ -284,7 +284,7 @@ def test_killed_on_xla_and_resumed_ends_bitwise_identical(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(500)
 def test_glue_mrpc_on_xla_in_bf16_pads_to_fixed_shapes_and_gathers_every_validation_pair(tmp_path):
-    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+    from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
 
     real = SHARED_DATA / "glue_mrpc"
     if real.is_dir():
@@ -320,8 +320,8 @@ def test_glue_mrpc_on_xla_in_bf16_pads_to_fixed_shapes_and_gathers_every_validat
 def test_fsdp_sharding_on_four_devices_trains_as_replicated_and_their_checkpoints_are_interchangeable(tmp_path):
     """hardware.sharding=fsdp (FSDPv2 through mark_sharding): every weight and its AdamW state split
     over the 4 devices, the losses of the replicated layout, and a checkpoint of either layout
-    continued by the other as by itself. One process (tests/xla_sharding_run.py) trains both."""
-    proc = subprocess.run([sys.executable, "-m", "tests.xla_sharding_run", str(tmp_path)], cwd=Path(__file__).parents[1],
+    continued by the other as by itself. One process (tests/helpers/xla_sharding_run.py) trains both."""
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.xla_sharding_run", str(tmp_path)], cwd=Path(__file__).parents[1],
                           env={**os.environ, "CPU_NUM_DEVICES": "4"}, capture_output=True, text=True, timeout=380,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -392,7 +392,7 @@ def test_a_packed_causal_lm_compiles_nothing_new_after_its_first_epochs(tmp_path
     from app.distributed.random import set_seed
     from app.engine.build import build_accelerator, build_components, build_early_stopping
     from app.engine.loop import LoopState, fit
-    from tests.tiny_llama import documents, make_tiny_llama, write_text
+    from tests.helpers.tiny_llama import documents, make_tiny_llama, write_text
 
     llama = make_tiny_llama(tmp_path / "llama", hidden=16, layers=1, heads=2, kv_heads=1)
     write_text(tmp_path / "train.txt", documents(16, seed=0))
@@ -429,8 +429,8 @@ def test_the_headline_command_exports_its_best_evaluation_and_its_terminal_shows
     app.log instead."""
     import re
 
-    from tests.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
-    from tests.tmux import Terminal, app_command
+    from tests.helpers.tiny_bert import make_tiny_bert, make_tiny_glue_tsv, synthetic_pairs
+    from tests.helpers.tmux import Terminal, app_command
 
     real = SHARED_DATA / "glue_mrpc"
     if real.is_dir():

@@ -50,7 +50,7 @@ def notebook_launcher(
     ``Accelerator()`` created inside ``function`` picks up the process group (DDP on gloo on CPUs);
     ``mixed_precision`` becomes its default. With ``num_processes`` None or 1, or on a kind that runs
     one process per host, ``function`` runs here. A failing process stops the others and raises
-    :class:`~app.worker_processes.WorkerFailed` naming its rank and error.
+    :class:`~app.workers.elastic.WorkerFailed` naming its rank and error.
 
     Returns what ``function`` returned on each process of this machine, in local rank order (Accelerate
     returns nothing).
@@ -67,7 +67,7 @@ def notebook_launcher(
             return [function(*args)]
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-        from app.worker_processes import WorkerFailed, local_port, start_processes
+        from app.workers.elastic import WorkerFailed, local_port, start_processes
 
         conf = dict(rdzv_conf or {})
         if rdzv_backend == "static":

@@ -20,6 +20,7 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from app import this_process
 from app.distributed.backends.base import Backend
 from app.distributed.facade.process import ProcessControl
 from app.distributed.hardware.kinds import DistributedType
@@ -57,7 +58,7 @@ def default_backend(cpu: bool) -> Backend:
     from app.config import HardwareConfig, HardwareKind
     from app.distributed.hardware import detect_spec
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = this_process.world_size()
     spec = detect_spec(world_size, cpu)
     return spec.build_backend(HardwareConfig(kind=HardwareKind(spec.kind), num_processes=world_size,
                                              collective_timeout_s=600.0))

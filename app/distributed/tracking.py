@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import MLFLOW_DB, metrics_file, tensorboard_dir
+from app.run_folder.layout import MLFLOW_DB, metrics_file, tensorboard_dir
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Accelerator) and drives ``loop.py``, the one training loop, with its stop trigge
 ``divergence.py``; why it stopped: ``stop_reason.py``), evaluation and metrics, progress (``progress.py``), weight averaging and test
 predictions. ``checkpoint.py`` is the checkpoint *policy* (when to save, what to keep, which checkpoint
 ``resume=`` means, which weights are exported); how checkpoints are written and read lives in
-``app/distributed/checkpoint/``, and how processes are started in ``app/launching/``.
+``app/distributed/checkpoint/``, and how processes are started in ``app/launching/`` and ``app/workers/``.
 
 The engine never names a device type or a collective library, and imports nothing specific to one
 (``tests/test_engine.py``, ``tests/test_import_graph.py``): that is the runtime's business.

@@ -34,7 +34,7 @@ from app.config import AdapterConfig, ConfigError, LoraAdapterConfig, require_pa
 from app.distributed.checkpoint.export import shard, tied_targets, write_weights
 from app.distributed.checkpoint.format import dedupe_shared
 from app.engine.checkpoint_resume import ADAPTER_CONFIG_FILE, has_model_weights
-from app.run_layout import adapter_dir
+from app.run_folder.layout import adapter_dir
 from app.tasks.base import DeclaresAdapterTaskType, Task
 
 if TYPE_CHECKING:

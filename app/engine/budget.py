@@ -1,7 +1,7 @@
 """How long a run trains: ``trainer.max_steps`` and ``trainer.max_epochs`` as optimizer steps, which of
 the two ends the run, and the sentences that say so at the start and when training stops.
 
-Which limits a run has is decided when its config is composed (``app.configure.limits_as_given``: a
+Which limits a run has is decided when its config is composed (``app.cli.configure.limits_as_given``: a
 ``trainer.max_steps`` given alone on the command line is not cut short by a task's preset epochs);
 here both limits, when both are set, are weighed against the length of an epoch.
 """

@@ -12,8 +12,7 @@ from hydra.utils import instantiate
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
-from app.config import ConfigError, RunConfig
-from app.config_tree import as_plain
+from app.config import ConfigError, RunConfig, as_plain
 from app.distributed import Accelerator, LengthGroupedSampler
 from app.distributed.data.stream import ShardedStream
 from app.distributed.hardware import build_backend

@@ -28,8 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.config import AdapterConfig, ExportChoice, LoraAdapterConfig, RunConfig
-from app.config_tree import as_plain
+from app.config import AdapterConfig, ExportChoice, LoraAdapterConfig, RunConfig, as_plain
 from app.distributed.checkpoint.atomic import fsync_paths, publish, temporary_sibling
 from app.distributed.checkpoint.export import write_weights
 from app.distributed.checkpoint.store import (
@@ -46,7 +45,13 @@ from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState, batches_per_pass, total_optimizer_steps
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
-from app.run_layout import EXPORT_FILE, MODEL_CARD_FILE, checkpoints_dir, metrics_file
+from app.run_folder.layout import (
+    CHECKPOINT_PREFIX,
+    EXPORT_FILE,
+    MODEL_CARD_FILE,
+    checkpoints_dir,
+    metrics_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +203,7 @@ class CheckpointPolicy:
         with async_save on the writer thread): the checkpoints beyond total_limit go, never one holding
         needed best weights, then the kept weights no longer needed. The run's best is read as it is now:
         a newer best's save waits for this one, so none can be missed."""
-        fault_point("before-rotate", folder.name.removeprefix("checkpoint_"))
+        fault_point("before-rotate", folder.name.removeprefix(CHECKPOINT_PREFIX))
         needed = self.best.needed_steps(self.stopper.best_step) if self.best is not None else set()
         for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder, keep_steps=needed):
             log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),

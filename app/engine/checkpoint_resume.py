@@ -1,5 +1,5 @@
 """What a ``resume=`` path may name besides a checkpoint. (The command line a resume becomes is built
-before Hydra starts, in ``app/launching/resume_argv.py``.)"""
+before Hydra starts, in ``app/cli/argv.py``: ``argv_for_resume``.)"""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import EXPORT_FILE, adapter_dir, model_dir
+from app.run_folder.layout import EXPORT_FILE, MANIFEST_FILE, adapter_dir, model_dir
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 """peft's file in an adapter folder (``<export>/adapter/``)."""
@@ -23,7 +23,7 @@ def is_model_folder(path: Path) -> bool:
     """An exported model (``<run folder>/model/``, or ``Accelerator.save_model``'s folder; or an export of
     peft adapters alone, ``adapter/``), not a checkpoint."""
     return ((has_model_weights(path) or (adapter_dir(path) / ADAPTER_CONFIG_FILE).is_file())
-            and not (path / "manifest.json").exists())
+            and not (path / MANIFEST_FILE).exists())
 
 
 def exported_model_of(run_folder: Path) -> Path | None:

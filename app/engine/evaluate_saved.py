@@ -23,7 +23,7 @@ from app.engine.checkpoint_resume import export_description, exported_model_of, 
 from app.engine.loop import LoopState, evaluate
 from app.engine.predict import write_test_predictions
 from app.engine.progress import human, human_metrics
-from app.run_layout import EVAL_METRICS_FILE, PREDICTIONS_FILE, checkpoints_dir
+from app.run_folder.layout import EVAL_METRICS_FILE, PREDICTIONS_FILE, checkpoints_dir
 
 log = logging.getLogger(__name__)
 

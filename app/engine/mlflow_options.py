@@ -1,7 +1,7 @@
 """The MLflow run a training run opens (``logging.trackers=[mlflow]``): its store, name and tags.
 
-The store is ``logging.mlflow_tracking_uri`` (``app.__main__`` fills in the default,
-``sqlite:///<outputs>/mlflow.db``: see ``app.run_layout.mlflow_store``). Every run goes to the
+The store is ``logging.mlflow_tracking_uri`` (``app.cli.job`` fills in the default,
+``sqlite:///<outputs>/mlflow.db``: see ``app.run_folder.layout.mlflow_store``). Every run goes to the
 experiment ``logging.project_name``, a sweep's jobs too, each tagged with its sweep folder and
 number, so ``mlflow ui`` lists single runs and sweep jobs side by side and a sweep filters as
 ``tags.sweep = '<folder>'``. The run's name is its folder's path below the store's folder

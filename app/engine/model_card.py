@@ -22,7 +22,7 @@ from app.engine.loop import Components
 from app.engine.progress import human
 from app.engine.result import FINISHED, read_result
 from app.engine.run_record import RunRecord, read_run_record
-from app.run_layout import ADAPTER_DIR, metrics_file
+from app.run_folder.layout import ADAPTER_DIR, metrics_file
 from app.tasks.base import DescribesItself
 
 LICENCE_TODO = ("Not set. Choose the licence under which you share this model; the base model's and the "

@@ -1,7 +1,7 @@
 """Progress bars (training, evaluation, long data preparation) and the numbers in human messages.
 
-On a terminal (``app.console.draws_bars``): while a bar is shown, console log records are written
-through ``tqdm.write`` (tqdm's ``logging_redirect_tqdm``): the bar is cleared, the whole line printed,
+On a terminal (``app.console.output.draws_bars``): while a bar is shown, console log records are written
+through ``tqdm.write`` (``app.console.logs.console_records_above_bar``): the bar is cleared, the whole line printed,
 the bar redrawn, so a log line never lands on the bar's line; the training bar's last line says why
 training stopped, fitted to the terminal's width with whole words. Log files are left alone.
 Anywhere else (a file, a pipe, a parallel sweep's job) nothing is redrawn: training progress is one
@@ -19,7 +19,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
-from app.console import draws_bars
+from app.console.logs import console_records_above_bar
+from app.console.output import draws_bars
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -54,21 +55,11 @@ class Progress:
         self.plain: PlainProgress | None = None
         self._redirect = contextlib.ExitStack()
         if enabled and draws_bars():
-            from tqdm.contrib.logging import logging_redirect_tqdm  # type: ignore[import-untyped]
             from tqdm.std import tqdm  # type: ignore[import-untyped]
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True,
                             file=sys.stderr, mininterval=0.5, leave=leave)
-            root = logging.getLogger()
-            before = list(root.handlers)
-            consoles = [h for h in before if not isinstance(h, logging.FileHandler)]
-            console_level = max((h.level for h in consoles), default=0)
-            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
-            for handler in root.handlers:  # tqdm's stand-in for the console's handler, at its level, with its filters
-                if handler not in before:
-                    handler.setLevel(console_level)
-                    for kept in {f for console in consoles for f in console.filters}:
-                        handler.addFilter(kept)
+            self._redirect.enter_context(console_records_above_bar(tqdm))
         elif enabled and leave and total:
             self.plain = PlainProgress(desc, total, initial, unit)
 

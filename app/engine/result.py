@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import RESULT_FILE, result_file
+from app.run_folder.layout import RESULT_FILE, result_file
 
 FINISHED = "finished"
 """Training ended normally (steps, epochs or early stopping); ``best`` is the objective."""

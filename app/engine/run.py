@@ -9,8 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.config import ConfigError, RunConfig, RunMode
-from app.config_tree import as_plain
+from app.config import ConfigError, RunConfig, RunMode, as_plain
 from app.distributed import Accelerator
 from app.distributed.checkpoint.store import complete_checkpoints
 from app.distributed.determinism import deterministic_algorithms
@@ -29,7 +28,14 @@ from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, object
 from app.engine.summary import model_summary
 from app.engine.triggers import EarlyStopping
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
-from app.run_layout import MODEL_DIR, PREDICTIONS_FILE, checkpoints_dir, model_dir, profile_dir, result_file
+from app.run_folder.layout import (
+    MODEL_DIR,
+    PREDICTIONS_FILE,
+    checkpoints_dir,
+    model_dir,
+    profile_dir,
+    result_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +63,7 @@ def run(cfg: RunConfig, run_dir: Path, record_config: Callable[[], None] | None 
     sweep), or NaN when the run stopped on a non-finite loss. ``result.json`` records how it ended;
     a run whose loss or weights stopped being finite exports nothing (status "nan", and the sentence
     saying so as its error).
-    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder``), called
+    ``record_config``: writes the ``.hydra/`` record a resume deferred (``app.run_folder.record``), called
     on the main process once the resume is accepted. ``build_pruning``: a pruned sweep's trial link
     (none: the run is never pruned).
 
@@ -125,7 +131,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
             log.info("%s", interrupted)
             raise interrupted
         if state.non_finite_loss_step is not None or not weights_are_finite(components):
-            # Nothing non-finite is exported; app.__main__ turns this result into exit status 1.
+            # Nothing non-finite is exported; app.cli.job turns this result into exit status 1.
             record(NAN, error=diverged(state, run_dir))
             return objective(stopper.best, NAN)
         if cfg.checkpoint.save_final_model or cfg.predicts_test:

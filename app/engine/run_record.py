@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.run_layout import HYDRA_SETTINGS, hydra_file
+from app.run_folder.layout import HYDRA_SETTINGS, hydra_file
 
 NOT_REPRODUCING = ("resume", "overwrite", "mode")
 """Overrides that say how this run started, not what it trains: a reproduction starts afresh."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.worker_processes import available_cores
+from app.this_process import available_cores, local_world_size
 
 SMALL_MODEL = 5_000_000
 """Parameters below which one thread is used: the largest MLP measured (4.3 M) was fastest on one thread
@@ -51,7 +51,7 @@ def choose_threads(num_threads: int | None, parameters: int, environ: Mapping[st
     if parameters < SMALL_MODEL:
         choice = ThreadChoice(1, "small model")
     else:
-        local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+        local = max(1, local_world_size(environ=environ))
         owned = max(1, (available_cores() if cores is None else cores) // local)
         choice = ThreadChoice(owned, f"the {'core' if owned == 1 else f'{owned} cores'} this process owns")
     cap = environ.get("OMP_NUM_THREADS", "").strip()

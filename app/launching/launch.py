@@ -12,50 +12,30 @@ import functools
 import logging
 import os
 import signal
-import sys
 import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app import this_process
 from app.config import ConfigError, RunConfig
-from app.configure import validate
-from app.console import details_to_log_file, in_parallel_job, native_stderr_to_log
+from app.console.logs import configure_worker_logging, current_log_file
+from app.console.native_stderr import native_stderr_to_log
 from app.interrupts import STOP_SIGNALS, Interrupted, RunInterrupted, StopSignals, interrupt_outside_training
 from app.launching.hub_kernels import hub_kernels_off_by_default, keep_hub_kernels_off
-from app.launching.processes import run_on_processes, start_worker_server
-from app.library_logs import library_logs_to_log_file
-from app.run_folder import write_hydra_record
-from app.worker_processes import WorkerFailed, call_blaming_the_cause
+from app.launching.slurm import adopt_slurm_layout, requeued, srun_rank
+from app.launching.validate import validate
+from app.run_folder.record import write_hydra_record
+from app.workers.elastic import WorkerFailed, call_blaming_the_cause
+from app.workers.processes import run_on_processes, start_worker_server
 
 log = logging.getLogger(__name__)
-
-LOG_FORMAT = "[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"
-
-
-def launched_world_size() -> int | None:
-    """The number of processes when this one was started by torchrun (or another launcher that sets
-    RANK and WORLD_SIZE); None for a plain ``python -m app``."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return int(os.environ["WORLD_SIZE"])
-    return None
-
-
-def adopt_slurm_layout(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
-    """In a SLURM step of several tasks (and not already under torchrun), export this task's rank and
-    master the way torchrun would: each task is one rank of the job (``app.launching.slurm``)."""
-    from app.launching.slurm import slurm_layout, task_threads
-
-    layout = slurm_layout(environ)
-    if layout is not None and "RANK" not in environ:
-        environ.update(layout)
-        environ.setdefault("OMP_NUM_THREADS", task_threads(environ))
 
 
 def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float | None:
     """Run the job and return rank 0's result (the monitored metric, for sweepers). ``hydra_files``: the
-    ``.hydra/`` files to write once a resume is accepted (``app.run_folder``).
+    ``.hydra/`` files to write once a resume is accepted (``app.run_folder.record``).
 
     Stopped by SLURM's warning signal (a time limit ahead), a SLURM job requeues itself once the run
     has stopped and saved (``app.launching.slurm_requeue``)."""
@@ -71,15 +51,13 @@ def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = N
 def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -> float | None:
     # The engine writes them through this callable: it knows when, the run folder's code how.
     record_config = functools.partial(write_hydra_record, run_dir, hydra_files) if hydra_files is not None else None
-    from app.launching.slurm import requeued, srun_rank
-
-    adopt_slurm_layout()  # a submitit job does not pass through app.__main__
+    adopt_slurm_layout()  # a submitit job does not pass through the command line's rewrites (app.cli.argv)
     hub_kernels_off_by_default()  # before the fork server starts: the workers inherit this environment
     if cfg.resume is None and requeued(os.environ):
         log.info("SLURM requeued this job: resume=auto (its newest valid checkpoint, if any)")
         cfg.resume = "auto"
-    world = launched_world_size()
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world or 1))
+    world = this_process.launched_world_size()
+    local_world = this_process.local_world_size(default=world or 1)
     if world is None and cfg.hardware.num_processes > 1:
         start_worker_server()  # imports on another core while this process imports torch to validate
     validate(cfg, launched=(world, local_world) if world is not None else None)
@@ -88,15 +66,15 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     spec = hardware_spec(cfg.hardware.kind)
     if not spec.runs_hub_kernels:
         keep_hub_kernels_off(spec.kind)
-    if cfg.logging.print_config and int(os.environ.get("RANK", "0")) == 0:
-        from app.config_tree import show_config
+    if cfg.logging.print_config and this_process.is_rank_zero():
+        from app.console.config_tree import show_config
 
         show_config(cfg)
     if world is not None:
         run = engine_run()
         # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder
-        # (app.launching.torchrun); only rank 0 kept Hydra's logging.
-        rank = int(os.environ["RANK"])
+        # (app.cli.argv's step agree_on_torchrun_run_folder); only rank 0 kept Hydra's logging.
+        rank = this_process.rank()
         if rank != 0:
             configure_worker_logging(rank, log_file=None)
         if srun_rank(os.environ):
@@ -109,14 +87,14 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
         return _reraise(record(call_blaming_the_cause)(_interruptible, run, cfg, run_dir, record_config))
     workers = spec.local_workers(cfg.hardware)
     if workers == 0:
-        with native_stderr_to_log(spec.native_notices, _current_log_file(), spec.native_source):
+        with native_stderr_to_log(spec.native_notices, current_log_file(), spec.native_source):
             return engine_run()(cfg, run_dir, record_config)
     with tempfile.TemporaryDirectory(prefix="app-stop-") as stop_dir:
         stop_file = Path(stop_dir) / "signal"
         # Signalled, the launcher tells the workers through the stop file and waits for their
         # checkpoint instead of killing them (torch's launcher would: it is told to leave both signals).
         with StopSignals(stop_file, forward=True, announce=False):
-            results = run_on_processes(run_worker, (cfg, str(run_dir), _current_log_file(), record_config, str(stop_file)),
+            results = run_on_processes(run_worker, (cfg, str(run_dir), current_log_file(), record_config, str(stop_file)),
                                        nprocs=workers, collective_timeout_s=cfg.hardware.collective_timeout_s,
                                        leave_stop_signals=True)
     return _reraise(results[0])
@@ -125,7 +103,7 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
 def run_worker(cfg: RunConfig, run_dir: str, log_file: str | None,
                record_config: Callable[[], None] | None = None, stop_file: str | None = None) -> Any:
     """Entry point of each worker that ``launch`` starts: set up logging, then run the job."""
-    configure_worker_logging(int(os.environ["RANK"]), log_file)
+    configure_worker_logging(this_process.rank(), log_file)
     return _interruptible(engine_run(), cfg, Path(run_dir), record_config, Path(stop_file) if stop_file else None)
 
 
@@ -167,31 +145,3 @@ def _reraise(result: Any) -> Any:
     if isinstance(result, (RunInterrupted, Interrupted)):
         raise result
     return result
-
-
-def configure_worker_logging(rank: int, log_file: str | None) -> None:
-    """Rank 0 logs INFO to stdout and the run's log file; the others only warnings, to stderr."""
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    formatter = logging.Formatter(LOG_FORMAT.format(rank=rank))
-    # In a parallel sweep's job the terminal is shared: the log goes to the run's log file only.
-    handlers: list[logging.Handler] = [logging.NullHandler() if in_parallel_job() else
-                                       logging.StreamHandler(sys.stdout if rank == 0 else sys.stderr)]
-    if rank == 0 and log_file is not None:
-        handlers.append(logging.FileHandler(log_file, mode="a", encoding="utf-8"))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        root.addHandler(handler)
-    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    if rank == 0:
-        details_to_log_file()
-    library_logs_to_log_file()  # the libraries' chatter: to the log file (rank 0's), never to a terminal
-
-
-def _current_log_file() -> str | None:
-    """The file Hydra's job logging writes (``<run folder>/app.log``), for the workers to append to."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            return handler.baseFilename
-    return None

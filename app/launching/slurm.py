@@ -22,8 +22,11 @@ turns ``resume: null`` into ``resume=auto``.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+
+from app import this_process
 
 _FIRST_NUMBER = re.compile(r"\d+")
 
@@ -61,6 +64,15 @@ def slurm_layout(environ: Mapping[str, str]) -> dict[str, str] | None:
         "MASTER_ADDR": environ.get("MASTER_ADDR") or first_host(nodelist),
         "MASTER_PORT": port,
     }
+
+
+def adopt_slurm_layout(environ: MutableMapping[str, str] = os.environ) -> None:
+    """In a SLURM step of several tasks (and not already under torchrun), export this task's rank and
+    master the way torchrun would: each task is one rank of the job."""
+    layout = slurm_layout(environ)
+    if layout is not None and this_process.launched_rank(environ) is None:
+        environ.update(layout)
+        environ.setdefault("OMP_NUM_THREADS", task_threads(environ))
 
 
 def srun_rank(environ: Mapping[str, str]) -> bool:

@@ -25,6 +25,8 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from app import this_process
+
 log = logging.getLogger(__name__)
 
 MAX_NUM_TIMEOUT_ENV = "APP_SLURM_MAX_NUM_TIMEOUT"
@@ -35,7 +37,8 @@ WARNING_SIGNAL = signal.SIGUSR1
 
 def first_task(environ: Mapping[str, str]) -> bool:
     """Whether this process is the job's rank 0 (or its only task)."""
-    return int(environ.get("RANK") or environ.get("SLURM_PROCID") or 0) == 0
+    rank = this_process.launched_rank(environ)
+    return (rank if rank is not None else int(environ.get("SLURM_PROCID") or 0)) == 0
 
 
 def requeues_so_far(run_dir: Path, job_id: str) -> int:

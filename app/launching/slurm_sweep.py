@@ -37,7 +37,7 @@ from app.engine.result import FINISHED, NAN, read_result
 from app.interrupts import Interrupted
 from app.launching.overrides import override_key
 from app.launching.slurm_batch import BatchJob, SlurmLauncherConfig, batch_script, job_layout
-from app.launching.worker_errors import is_peer_loss
+from app.workers.elastic import is_peer_loss
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from app.run_layout import REPORT_FILE, metrics_file, result_file, tensorboard_dir
+from app.run_folder.layout import REPORT_FILE, metrics_file, result_file, tensorboard_dir
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.result import FINISHED, INTERRUPTED, PRUNED, read_result
-from app.run_layout import (
+from app.run_folder.layout import (
     CHECKPOINTS_DIR,
     HYDRA_CONFIG,
     HYDRA_DIR,

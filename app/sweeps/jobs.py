@@ -62,7 +62,7 @@ class NumberedJobs:
     def check(self, number: int, overrides: Sequence[str]) -> Path:
         """The job's folder; raises SweepResumeError when another job made it (resuming it would
         continue that job's checkpoints with this job's settings)."""
-        from app.launching.resume_argv import original_overrides
+        from app.run_folder.record import original_overrides
 
         folder = self.job_folder(number, overrides)
         recorded = original_overrides(folder)

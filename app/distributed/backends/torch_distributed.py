@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from app import this_process
 from app.distributed.backends.base import Backend
 from app.distributed.checkpoint.sharded_io import ShardedStateIO
 from app.distributed.hardware.device import CPU, DeviceOps
@@ -31,7 +32,7 @@ from app.distributed.step_flags import LaggedFlag, StepFlag
 log = logging.getLogger(__name__)
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-_LAYOUT_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAYOUT_VARS = (this_process.RANK, this_process.WORLD_SIZE, "MASTER_ADDR", "MASTER_PORT")
 
 
 class TorchDistributedBackend(Backend):
@@ -60,9 +61,9 @@ class TorchDistributedBackend(Backend):
                 f"{cls.__name__} needs the variables a launcher sets ({', '.join(missing)} missing); start with "
                 "python -m app hardware=multi_cpu hardware.num_processes=N, or with torchrun."
             )
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        rank, world = this_process.rank(), this_process.world_size()
+        local_rank = this_process.local_rank(default=rank)
+        local_world = this_process.local_world_size(default=world)
         device = device_ops.local_device(local_rank)
         owns_group = not dist.is_initialized()
         if owns_group:

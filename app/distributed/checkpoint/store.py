@@ -40,15 +40,13 @@ from typing import Any
 from app.distributed.checkpoint.atomic import fsync_path, publish
 from app.distributed.checkpoint.errors import CheckpointError, DiskFullError, first_line
 from app.distributed.checkpoint.format import check_file, read_state_file, sha256_file, write_bytes
-from app.run_layout import CHECKPOINTS_DIR
+from app.run_folder.layout import CHECKPOINT_PREFIX, CHECKPOINTS_DIR, MANIFEST_FILE
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 FORMAT = "app-checkpoint/1"
-CHECKPOINTS = CHECKPOINTS_DIR
-_NAME = re.compile(r"checkpoint_(\d+)")
-_TEMP_PREFIX = ".tmp-checkpoint_"
+_NAME = re.compile(re.escape(CHECKPOINT_PREFIX) + r"(\d+)")
+_TEMP_PREFIX = f".tmp-{CHECKPOINT_PREFIX}"
 
 
 def disk_full(root: Path, temporary: Path | None, what: str) -> DiskFullError:
@@ -132,7 +130,7 @@ MAX_MANIFEST_BYTES = 16 * 2**20
 
 def read_manifest(folder: Path) -> Manifest | None:
     """The folder's manifest, or None when it has none or it does not parse (never raises)."""
-    path = folder / MANIFEST
+    path = folder / MANIFEST_FILE
     try:
         if path.is_symlink() or path.stat().st_size > MAX_MANIFEST_BYTES:
             return None
@@ -225,7 +223,7 @@ def unlisted_files(folder: Path) -> list[str]:
     for parent, dirs, files in os.walk(folder):  # os.walk does not follow symlinked folders
         for name in files + [d for d in dirs if (Path(parent) / d).is_symlink()]:
             relative = (Path(parent) / name).relative_to(folder).as_posix()
-            if relative != MANIFEST and relative not in listed:
+            if relative != MANIFEST_FILE and relative not in listed:
                 found.append(relative)
     return sorted(found)
 
@@ -278,8 +276,8 @@ def commit(temporary: Path, final: Path, manifest: Manifest, label: int | str | 
     label = manifest.save_number if label is None else label
     manifest.created = manifest.created or time.strftime("%Y-%m-%dT%H:%M:%S%z")
     fault_point("before-manifest", label)
-    write_bytes(temporary / MANIFEST, manifest.to_json().encode())
-    fsync_path(temporary / MANIFEST)
+    write_bytes(temporary / MANIFEST_FILE, manifest.to_json().encode())
+    fsync_path(temporary / MANIFEST_FILE)
     fault_point("before-rename", label)
     publish(temporary, final)
     return final
@@ -409,15 +407,15 @@ def load_into(obj: Any, folder: Path, name: str, convert: Callable[[Any], Any] |
 
 def checkpoints_root(path: Path) -> Path | None:
     """The ``checkpoints/`` folder meant by a run folder or a checkpoints folder, else None."""
-    if (path / CHECKPOINTS).is_dir():
-        return path / CHECKPOINTS
-    if path.is_dir() and (path.name == CHECKPOINTS or any(_NAME.fullmatch(e.name) for e in path.iterdir())):
+    if (path / CHECKPOINTS_DIR).is_dir():
+        return path / CHECKPOINTS_DIR
+    if path.is_dir() and (path.name == CHECKPOINTS_DIR or any(_NAME.fullmatch(e.name) for e in path.iterdir())):
         return path
     return None
 
 
 def is_checkpoint_folder(path: Path) -> bool:
-    return (path / MANIFEST).exists() or bool(_NAME.fullmatch(path.name))
+    return (path / MANIFEST_FILE).exists() or bool(_NAME.fullmatch(path.name))
 
 
 def _unusable_names(root: Path, newer_than: int) -> list[tuple[Path, str]]:
@@ -434,7 +432,7 @@ def _unusable_names(root: Path, newer_than: int) -> list[tuple[Path, str]]:
             if manifest is None:
                 found.append((entry, "its manifest.json is missing, truncated or unreadable"))
             elif manifest.save_number != number:
-                found.append((entry, f"its manifest records save {manifest.save_number}, not {entry.name.removeprefix('checkpoint_')}"))
+                found.append((entry, f"its manifest records save {manifest.save_number}, not {entry.name.removeprefix(CHECKPOINT_PREFIX)}"))
     return found
 
 
@@ -481,7 +479,7 @@ def find_checkpoint(path: Path, deep: bool = True, warn: bool = True) -> Path:
 
 def run_folder_of(checkpoint: Path) -> Path:
     """The run folder a checkpoint belongs to (``<run>/checkpoints/checkpoint_<N>``)."""
-    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else checkpoint.parent
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS_DIR else checkpoint.parent
 
 
 # -- fault injection (tests only) --------------------------------------------------------------------

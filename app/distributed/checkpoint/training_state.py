@@ -47,6 +47,7 @@ from app.distributed.checkpoint.format import WrittenFile, finish, stage_state
 from app.distributed.checkpoint.rng import capture_rng, restore_rng
 from app.distributed.checkpoint.staging import Pending, Staging
 from app.distributed.checkpoint.store import Manifest, load_into, read_state, state_file
+from app.run_folder.layout import checkpoint_name, checkpoints_dir
 
 if TYPE_CHECKING:
     from app.distributed.backends.base import Backend
@@ -121,9 +122,9 @@ def save_state(backend: Backend, objects: TrainingObjects, output_dir: str | os.
     def where() -> tuple[Path, int, str]:
         if output_dir is None:
             assert project_dir is not None
-            root = project_dir / store.CHECKPOINTS
+            root = checkpoints_dir(project_dir)
             number = store.next_save_number(root)
-            return root / f"checkpoint_{number}", number, str(number)
+            return root / checkpoint_name(number), number, str(number)
         final = Path(output_dir)
         number = store.next_save_number(final.parent)
         return final, number, str(number)
@@ -415,7 +416,7 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
             if input_dir is None:
                 if project_dir is None:
                     raise CheckpointError("load_state() needs an input_dir, or an Accelerator built with project_dir.")
-                input_dir = project_dir / store.CHECKPOINTS
+                input_dir = checkpoints_dir(project_dir)
             chosen = store.find_checkpoint(Path(input_dir))
             manifest = store.read_manifest(chosen)
             assert manifest is not None  # verified

@@ -25,7 +25,7 @@ from app.distributed.checkpoint.training_state import (
     save_weights,
 )
 from app.distributed.facade.fields import AcceleratorFields
-from app.run_layout import checkpoints_dir
+from app.run_folder.layout import checkpoints_dir
 
 
 class Saving(AcceleratorFields):

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from app.config import ConfigError, HardwareConfig
 from app.distributed.hardware.cuda import visible_gpus
 from app.distributed.hardware.spec import MultiProcessSpec, Visible
-from app.worker_processes import available_cores
+from app.this_process import available_cores
 
 if TYPE_CHECKING:
     from app.distributed.backends.base import Backend

@@ -37,7 +37,7 @@ class HardwareSpec:
     """Whether ``torch.compile`` works on this kind (``trainer.compile=true``)."""
     native_notices: tuple[str, ...] = ()
     """Lines (substrings) this kind's native runtime writes to stderr that say nothing to a user:
-    ``python -m app`` keeps them in the run's log file, off the terminal (``app.console.native_stderr_to_log``)."""
+    ``python -m app`` keeps them in the run's log file, off the terminal (``app.console.native_stderr``)."""
     native_source: str = "native"
     """The name those lines carry in the log file."""
 

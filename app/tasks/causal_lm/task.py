@@ -41,7 +41,7 @@ class CausalLMTask:
     metric_names = ("loss", "perplexity")
 
     def __init__(self, cfg: CausalLMConfig):
-        cfg.check()  # also when built from a config that did not pass through app.configure.validate
+        cfg.check()  # also when built from a config that did not pass through app.launching.validate
         self.cfg = cfg
         self.name = cfg.name
         self._tokenizer: PreTrainedTokenizerBase | None = None

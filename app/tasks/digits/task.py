@@ -46,7 +46,7 @@ class DigitsTask:
     num_features = 64
 
     def __init__(self, cfg: DigitsConfig):
-        cfg.check()  # also when built from a config that did not pass through app.configure.validate
+        cfg.check()  # also when built from a config that did not pass through app.launching.validate
         self.cfg = cfg
 
     def build_data(self, runtime: TaskRuntime | None) -> TaskData:

@@ -68,7 +68,7 @@ class Rows:
 
 class TextClassificationTask:
     def __init__(self, cfg: TextClassificationConfig):
-        cfg.check()  # also when built from a config that did not pass through app.configure.validate
+        cfg.check()  # also when built from a config that did not pass through app.launching.validate
         self.cfg = cfg
         self.spec = GLUE_SPECS[cfg.glue] if cfg.glue is not None else None
         self.name = cfg.name

@@ -7,28 +7,15 @@ Torch-free on purpose: the launcher prints it before any heavy import.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
 import sys
 from typing import Any, TextIO
 
-from app.console import in_parallel_job, is_terminal, tree_shown_before
+from app.config import as_plain
+from app.console.logs import in_parallel_job
+from app.console.output import is_terminal, tree_shown_before
 
 _GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
-
-
-def as_plain(obj: Any) -> Any:
-    """Config dataclasses as dicts, enums by value (what the YAML says)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: as_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, (list, tuple)):
-        return [as_plain(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: as_plain(v) for k, v in obj.items()}
-    return obj
 
 
 def config_tree(cfg: Any, colour: bool = False) -> str:
@@ -46,21 +33,21 @@ def config_tree(cfg: Any, colour: bool = False) -> str:
             lines.append(f"{branch}{group}{name}{reset}")
             for j, (k, v) in enumerate(value.items()):
                 twig = "└── " if j == len(value) - 1 else "├── "
-                lines.append(f"{stem}{twig}{key}{k}{reset}: {_scalar(v)}")
+                lines.append(f"{stem}{twig}{key}{k}{reset}: {scalar_text(v)}")
         else:
-            lines.append(f"{branch}{key}{name}{reset}: {_scalar(value)}")
+            lines.append(f"{branch}{key}{name}{reset}: {scalar_text(value)}")
     return "\n".join(lines)
 
 
-def _scalar(value: Any) -> str:
+def scalar_text(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_scalar(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k}: {scalar_text(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
+        return "[" + ", ".join(scalar_text(v) for v in value) + "]"
     return str(value)
 
 

@@ -11,9 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-LOG_FILE = "app.log"
-HYDRA_RECORD = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}}
-LOCK_FILE = ".lock"
+from app.run_folder.layout import HYDRA_DIR, HYDRA_FILES, LOCK_FILE, LOG_FILE
 
 
 @dataclass
@@ -35,12 +33,11 @@ class RunFolderUndo:
     def restore(self) -> None:
         """Undo what this run's start wrote (call once the refusal is certain)."""
         if self.created:
-            for name, files in HYDRA_RECORD.items():
-                for file in files:
-                    with contextlib.suppress(OSError):
-                        (self.folder / name / file).unlink()
+            for file in HYDRA_FILES:
                 with contextlib.suppress(OSError):
-                    (self.folder / name).rmdir()
+                    (self.folder / HYDRA_DIR / file).unlink()
+            with contextlib.suppress(OSError):
+                (self.folder / HYDRA_DIR).rmdir()
             for name in (LOG_FILE, LOCK_FILE):
                 with contextlib.suppress(OSError):
                     (self.folder / name).unlink()
@@ -58,9 +55,9 @@ def _only_hydras(folder: Path) -> bool:
     for name, entry in entries.items():
         if name in (LOG_FILE, LOCK_FILE):
             continue
-        if name not in HYDRA_RECORD or not entry.is_dir(follow_symlinks=False):
+        if name != HYDRA_DIR or not entry.is_dir(follow_symlinks=False):
             return False
-        if not {e.name for e in os.scandir(entry.path)} <= HYDRA_RECORD[name]:
+        if not {e.name for e in os.scandir(entry.path)} <= set(HYDRA_FILES):
             return False
     return True
 

@@ -13,15 +13,16 @@
   deleted).
 - **A refused resume changes nothing.** When resuming into an existing run folder, Hydra is told not
   to write ``.hydra/`` (``hydra.output_subdir=null``); the run writes those files itself, atomically,
-  once the checkpoint is accepted (:func:`write_hydra_record`).
+  once the checkpoint is accepted (``app.run_folder.record.write_hydra_record``).
 
-Checked on the raw command line before Hydra starts (``claim_from_argv``) where the folder is
-named explicitly; the lock is (re)taken in ``app.__main__.main`` for every job, including the
-timestamped folders Hydra picks and the jobs of a sweep.
+Claimed before Hydra starts where the command line names the folder (``app.cli.argv``'s step
+``claim_named_run_folder``: :func:`claim_new_run`); the lock is (re)taken in ``app.cli.job`` for every
+job, including the timestamped folders Hydra picks and the jobs of a sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -31,10 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.config import ConfigError
-from app.launching.overrides import override_key
-from app.run_layout import HYDRA_DIR, LOCK_FILE, checkpoints_dir, metrics_file, model_dir
-
-HYDRA_SUBDIR = HYDRA_DIR
+from app.run_folder.layout import CHECKPOINT_PREFIX, LOCK_FILE, checkpoints_dir, metrics_file, model_dir
 
 
 class RunFolderError(ConfigError):
@@ -87,10 +85,12 @@ class RunFolderLock:
 
 @dataclass
 class Claims:
-    """The run folders this process holds, and whether Hydra's record was deferred (resume)."""
+    """The run folders this process holds, whether Hydra's record was deferred (resume), and the folders
+    a claim created (taken back if Hydra then refuses the command line: :meth:`abandon`)."""
 
     locks: dict[Path, RunFolderLock] = field(default_factory=dict)
     deferred_record: bool = False
+    created: list[Path] = field(default_factory=list)
 
     def hold(self, folder: Path) -> RunFolderLock:
         key = folder.resolve()
@@ -107,16 +107,24 @@ class Claims:
         for folder in list(self.locks):
             self.release(folder)
 
+    def abandon(self) -> None:
+        """Hydra refused the command line: let go of every folder, and remove those the claims created
+        (still empty: nothing was written)."""
+        self.release_all()
+        for folder in self.created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
 
 CLAIMS = Claims()
-"""This process's claims: ``claim_from_argv`` (before Hydra) and ``main`` (after) share them."""
+"""This process's claims: the command line's (before Hydra) and the job's (after) share them."""
 
 
 def holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` has results of an earlier run that a new run would mix with or destroy."""
     checkpoints = checkpoints_dir(folder)
     try:
-        has_checkpoint = checkpoints.is_dir() and any(e.name.startswith("checkpoint_") for e in checkpoints.iterdir())
+        has_checkpoint = checkpoints.is_dir() and any(e.name.startswith(CHECKPOINT_PREFIX) for e in checkpoints.iterdir())
     except OSError:
         has_checkpoint = False
     return has_checkpoint or model_dir(folder).exists() or metrics_file(folder).exists()
@@ -149,6 +157,7 @@ def move_aside(folder: Path) -> Path:
 def claim_new_run(folder: Path, resume: str | None, overwrite: bool) -> Path | None:
     """Checks for an explicitly named run folder, then lock it. Returns where an overwritten
     earlier run was moved, if one was."""
+    existed = folder.exists()
     make_writable(folder)
     if overwrite and resume is not None:
         raise RunFolderError("overwrite=true starts a new run in the folder; it cannot be combined with "
@@ -163,52 +172,6 @@ def claim_new_run(folder: Path, resume: str | None, overwrite: bool) -> Path | N
         moved = move_aside(folder)
         make_writable(folder)
     CLAIMS.hold(folder)
+    if not existed:
+        CLAIMS.created.append(folder)
     return moved
-
-
-# -- the raw command line ----------------------------------------------------------------------------
-
-
-def _value(argv: list[str], key: str) -> str | None:
-    values = [arg.split("=", 1)[1] for arg in argv if override_key(arg) == key and "=" in arg]
-    if not values:
-        return None
-    value = values[-1].strip()
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        value = value[1:-1]
-    return value
-
-
-def claim_from_argv(argv: list[str]) -> list[str]:
-    """Before Hydra: when the command line names the run folder (``hydra.run.dir=...``, as a resume
-    and torchrun do), check it, lock it, and, when resuming into an existing folder, defer Hydra's
-    ``.hydra/`` record until the resume is accepted. Returns the arguments to give Hydra."""
-    if any(arg in ("-m", "--multirun") for arg in argv) or int(os.environ.get("RANK", "0")) != 0:
-        return argv
-    if any(arg.split("=", 1)[0] in ("--cfg", "-c", "--info", "-i", "--resolve") for arg in argv):
-        return argv  # Hydra only prints: no run, nothing to claim
-    run_dir = _value(argv, "hydra.run.dir")
-    if run_dir is None or "${" in run_dir:
-        return argv
-    resume = _value(argv, "resume")
-    if resume in ("null", "None", ""):
-        resume = None
-    overwrite = (_value(argv, "overwrite") or "false").lower() == "true"
-    folder = Path(run_dir)
-    moved = claim_new_run(folder, resume, overwrite)
-    if moved is not None:
-        print(f"overwrite=true: moved the earlier run in {folder} to {moved}", flush=True)
-    if resume is not None and (folder / HYDRA_SUBDIR).is_dir() and _value(argv, "hydra.output_subdir") is None:
-        CLAIMS.deferred_record = True
-        return [*argv, "hydra.output_subdir=null"]
-    return argv
-
-
-def write_hydra_record(run_dir: Path, record: dict[str, str]) -> None:
-    """Write the deferred ``.hydra/`` files (name -> YAML text), each atomically."""
-    folder = run_dir / HYDRA_SUBDIR
-    folder.mkdir(exist_ok=True)
-    for name, text in record.items():
-        temporary = folder / f".{name}.tmp-{os.getpid()}"
-        temporary.write_text(text)
-        os.replace(temporary, folder / name)

@@ -1,7 +1,7 @@
 """The workers of ``python -m app`` (:func:`run_on_processes`, also used by the tests and the
-benchmarks): N local processes started by ``app.worker_processes.start_processes`` (the one place that
+benchmarks): N local processes started by ``app.workers.elastic.start_processes`` (the one place that
 turns a layout into torch's ``LaunchConfig``, also behind ``app.distributed.notebook_launcher``) from a
-fork server, watched so that a failed or hung rank is named (:class:`~app.worker_processes.WorkerFailed`).
+fork server, watched so that a failed or hung rank is named (:class:`~app.workers.elastic.WorkerFailed`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.launching.worker_watchdog import Watchdog, record_pid
-from app.worker_processes import (
-    WorkerFailed,
-    available_cores,
-    call_blaming_the_cause,
-    free_port,  # noqa: F401 - its old home: tests and callers import it from here
-    start_processes,
-)
+from app import this_process
+from app.interrupts import STOP_SIGNALS
+from app.workers.elastic import WorkerFailed, call_blaming_the_cause, start_processes
+from app.workers.watchdog import Watchdog, record_pid
 
 SHUTDOWN_GRACE_S = 5.0
 """How long the other workers of a failed run get to exit by themselves before SIGKILL."""
@@ -39,7 +35,7 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
     When a rank raises or dies the launcher stops the others (``max_restarts=0``) and this raises
     :class:`WorkerFailed` naming the failing rank and its error; a rank that hung (the others'
     collectives timed out) is killed :data:`SHUTDOWN_GRACE_S` after the first failure and named
-    instead (``app.launching.worker_watchdog``). Used by ``launch``, the tests and the benchmarks.
+    instead (``app.workers.watchdog``). Used by ``launch``, the tests and the benchmarks.
 
     ``leave_stop_signals``: SIGINT and SIGTERM stay with the caller's handlers (torch's launcher would
     kill the workers a few seconds after either; ``launch`` lets them finish a checkpoint instead).
@@ -67,8 +63,6 @@ def run_on_processes(fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int,
         watchdog.stop()
         logs.cleanup()
 
-
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
 
 WORKER_PRELOAD = ["app.engine.run", "app.tasks.digits.task", "app.tasks.text.task", "torch._dynamo"]
 """What the fork server imports once for all workers: the engine, the tasks (without their optional
@@ -108,7 +102,7 @@ def start_worker_server() -> None:
     try:
         # Started by the fork server otherwise; it unblocks SIGINT and SIGTERM after, hence first.
         resource_tracker.ensure_running()
-        signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
         forkserver.ensure_running()  # the signal mask is kept across fork and exec
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -132,14 +126,14 @@ def _entry(fn: Callable[..., Any], args: tuple[Any, ...], pid_dir: str | None = 
     """What each launched process runs. The launcher wraps it in ``record``, which writes an
     exception's traceback to the error file the parent reads (``worker_failure``)."""
     # The fork server blocks them (start_worker_server): a worker reacts like any Python process.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-    from app.console import protect_output
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    from app.console.output import protect_output
 
     protect_output()  # a rank's output to a pipe that Ctrl-C closed (| tee) is dropped; the rank goes on
     if "OMP_NUM_THREADS" not in os.environ:
         import torch
 
         # As torchrun does: processes sharing a machine must not each use every core.
-        torch.set_num_threads(max(1, available_cores() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    record_pid(pid_dir, int(os.environ["RANK"]))
+        torch.set_num_threads(max(1, this_process.available_cores() // this_process.local_world_size()))
+    record_pid(pid_dir, this_process.rank())
     return call_blaming_the_cause(fn, *args)

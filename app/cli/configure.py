@@ -1,17 +1,16 @@
-"""The run configuration put together from its registries: the schemas of ``app.config`` with the
-tasks' (``app.tasks``) in Hydra's ConfigStore, and the rules of ``app.config``'s groups with those
-of the hardware kind (``app.distributed.hardware``).
-
-It sits above the three, so that ``app.config`` imports none of them. Torch-free until a config has
-passed its own rules: a refused config answers before torch is imported (``bench/startup.py``).
+"""The run configuration put together from its registries for Hydra: the schemas of ``app.config`` with
+the tasks' (``app.tasks``) in Hydra's ConfigStore, the composed config turned into those dataclasses
+once (``to_run_config``), and the command line's limits on the run's length (``limits_as_given``).
+The rules the config must then pass are ``app.launching.validate``'s. Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -32,9 +31,13 @@ from app.config import (
     SGDConfig,
     TrainerConfig,
 )
+from app.launching.overrides import override_key
 from app.tasks import TASK_SCHEMAS
 from app.tasks.external import typed_task_config
-from app.worker_processes import available_cores
+from app.this_process import available_cores
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+"""The app's Hydra config folder (``conf/``, beside ``app/``)."""
 
 
 def register_configs() -> None:
@@ -98,7 +101,7 @@ def limits_as_given(cfg: RunConfig, overrides: Sequence[str]) -> None:
     1), the trainer's default or an experiment set, as ``max_steps`` overrides ``num_train_epochs`` in the
     HF Trainer and leaves Lightning's ``max_epochs`` unset. Both given: both count, the first reached
     ends the run and the start says which (``app.engine.budget``)."""
-    given = {override.split("=", 1)[0].lstrip("+~") for override in overrides}
+    given = {override_key(override) for override in overrides}
     if "trainer.max_steps" in given and "trainer.max_epochs" not in given and cfg.trainer.max_steps > 0:
         cfg.trainer.max_epochs = -1
 
@@ -126,21 +129,3 @@ def register_grid_sweeper(cs: ConfigStore) -> None:
         _target_: str = "hydra_plugins.app_sweepers.resumable.ResumableBasicSweeper"
 
     cs.store(group="hydra/sweeper", name="basic", node=ResumableBasicSweeperConf, provider="app")
-
-
-def validate(cfg: RunConfig, visible: Mapping[str, int] | None = None,
-             launched: tuple[int, int] | None = None) -> None:
-    """Every rule of the run config; raises ConfigError with one sentence. Runs before any process
-    group exists.
-
-    First each group's own rules (``cfg.check()``: no torch needed), then the hardware kind's spec
-    checks the devices, processes and precision: against ``visible`` (devices by torch device type; by
-    default the spec counts what this machine shows) and ``launched``, (WORLD_SIZE, LOCAL_WORLD_SIZE)
-    when torchrun already started the processes (the config must then describe the same layout).
-    """
-    cfg.check()
-    # Imported here: the hardware registry imports torch, which a config refused above must not wait for.
-    from app.distributed.hardware import hardware_spec, multi_process_kinds
-
-    spec = hardware_spec(cfg.hardware.kind)
-    spec.validate(cfg, spec.probe() if visible is None else visible, launched, multi_process_kinds())

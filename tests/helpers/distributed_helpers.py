@@ -2,7 +2,7 @@
 
 Worker functions must be module-level (the processes are spawned and import them by name) and
 return picklable values; ``on_processes`` returns them in rank order. An exception on any rank fails
-the call with :class:`app.worker_processes.WorkerFailed` naming the rank and the error.
+the call with :class:`app.workers.elastic.WorkerFailed` naming the rank and the error.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.launching.processes import run_on_processes
+from app.workers.processes import run_on_processes
 
 TIMEOUT_S = 60.0
 """Collective timeout inside test workers: a broken collective fails the test instead of hanging it."""

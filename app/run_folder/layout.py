@@ -12,7 +12,8 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
       app.log                 the run's log, named by Hydra's job logging (<hydra.job.name>.log; conf/config.yaml)
       metrics.jsonl           one JSON object per logged event
       tensorboard/            the same scalars as TensorBoard events
-      checkpoints/            checkpoint_<N>/ (their own layout: app/distributed/checkpoint/store.py)
+      checkpoints/            checkpoint_<N>/, each complete once its manifest.json is written (the rest of
+                              its layout: app/distributed/checkpoint/store.py)
       model/                  the exported model, export.json (which weights, from where), README.md (its
                               model card) and, with adapter=lora, adapter/ (peft's adapter files)
       result.json             how the run ended
@@ -20,7 +21,7 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
       test_predictions.tsv    task.predict_test=true
       profile/                debug=profile's traces (profile_<rank>.json)
       report.png              python -m app.report <run folder>
-      .lock                   held by the run that owns the folder (app/run_folder.py)
+      .lock                   held by the run that owns the folder (app/run_folder/claims.py)
 
 Beside the run folders, ``<outputs>/mlflow.db``: logging.trackers=[mlflow]'s default store (:func:`mlflow_store`).
 """
@@ -33,9 +34,16 @@ from pathlib import Path
 HYDRA_DIR = ".hydra"
 HYDRA_CONFIG, HYDRA_SETTINGS, HYDRA_OVERRIDES = "config.yaml", "hydra.yaml", "overrides.yaml"
 """The files of ``.hydra/``: the composed job config, Hydra's own config, the command line's overrides."""
+HYDRA_FILES = (HYDRA_CONFIG, HYDRA_SETTINGS, HYDRA_OVERRIDES)
+LOG_FILE = "app.log"
+"""Hydra's job log, ``<hydra.job.name>.log`` (conf/config.yaml names the job ``app``)."""
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint_"
+"""``checkpoints/checkpoint_<N>``: N numbers the saves."""
+MANIFEST_FILE = "manifest.json"
+"""In a checkpoint: written last, it makes the folder a checkpoint (app/distributed/checkpoint/store.py)."""
 MODEL_DIR = "model"
 EXPORT_FILE = "export.json"
 """In ``model/``: which weights were exported, and from which checkpoint."""
@@ -57,6 +65,10 @@ def hydra_file(run_dir: Path, name: str) -> Path:
     return run_dir / HYDRA_DIR / name
 
 
+def log_file(run_dir: Path) -> Path:
+    return run_dir / LOG_FILE
+
+
 def metrics_file(run_dir: Path) -> Path:
     return run_dir / METRICS_FILE
 
@@ -67,6 +79,11 @@ def result_file(run_dir: Path) -> Path:
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS_DIR
+
+
+def checkpoint_name(number: int) -> str:
+    """The folder name of save number ``number`` in ``checkpoints/``."""
+    return f"{CHECKPOINT_PREFIX}{number}"
 
 
 def model_dir(run_dir: Path) -> Path:

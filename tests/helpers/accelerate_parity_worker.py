@@ -3,8 +3,8 @@ on ``app.distributed`` (the imports rewritten module for module, as the README s
 can compare the two: the logger's keywords, the random numbers a pass over a prepared loader consumes,
 the batches each rank gets from a shuffled loader, and a second loader's own generator.
 
-    python tests/accelerate_parity_worker.py app|accelerate OUT.json
-    torchrun --nproc_per_node=2 tests/accelerate_parity_worker.py app|accelerate OUT.json
+    python tests/helpers/accelerate_parity_worker.py app|accelerate OUT.json
+    torchrun --nproc_per_node=2 tests/helpers/accelerate_parity_worker.py app|accelerate OUT.json
 
 Every rank writes ``OUT.json.<rank>``; ranks log to ``OUT.json.log`` (one file, appended to, so the
 order of their lines is the order they logged in). Run 2-process ``accelerate`` with
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 SEED = 1234

@@ -1,5 +1,5 @@
 """Start N local worker processes with torch's elastic launcher, and say which rank's error to show
-when one fails. Below both of its users (``python -m app``'s launcher in ``app/launching/`` and
+when one fails. Below its users (``app.workers.processes``, behind ``python -m app``'s workers, and
 ``app.distributed.notebook_launcher``) and torch-free until a process is started.
 
 :func:`start_processes` is the one place that turns a layout into torch's ``LaunchConfig``.
@@ -73,12 +73,6 @@ def _message(failure: Any) -> str:
     message = failure.message
     text = message.get("message", "") if isinstance(message, dict) else str(message)
     return text.strip().splitlines()[0] if text.strip() else ""
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, else the machine's count): what caps the
-    CPU processes of a run, the parallel jobs of a sweep and each worker's threads."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def free_port() -> int:

@@ -1,8 +1,8 @@
 """Run one of Accelerate's own distributed test scripts with every ``accelerate`` import resolved to
 ``app.distributed``, and write what each of its checks did.
 
-    python tests/accelerate_runner.py test_ops OUT.json            # one process
-    torchrun --nproc_per_node=2 tests/accelerate_runner.py test_ops OUT.json
+    python tests/helpers/accelerate_runner.py test_ops OUT.json            # one process
+    torchrun --nproc_per_node=2 tests/helpers/accelerate_runner.py test_ops OUT.json
 
 The scripts ship in the ``accelerate`` wheel (a test-only dependency): they are read from its files,
 never imported through the package. ``sys.modules`` maps each ``accelerate`` module a script names
@@ -30,7 +30,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 CHECKS = {

@@ -8,7 +8,7 @@ ways, and each layout's checkpoint continued by the other. Prints one JSON objec
   and ``straight``: the same 3 steps continued without a checkpoint;
 - ``after_load``: the sharding of that weight after the sharded layout loaded the replicated checkpoint.
 
-    PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m tests.xla_sharding_run <folder>
+    PJRT_DEVICE=CPU CPU_NUM_DEVICES=4 python -m tests.helpers.xla_sharding_run <folder>
 """
 
 from __future__ import annotations

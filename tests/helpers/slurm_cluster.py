@@ -16,8 +16,8 @@ as on many small clusters: ``sacct`` fails there.
 
 As a script (root only)::
 
-    python tests/slurm_cluster.py start        # prints the folder and export SLURM_CONF=...
-    python tests/slurm_cluster.py stop FOLDER
+    python tests/helpers/slurm_cluster.py start        # prints the folder and export SLURM_CONF=...
+    python tests/helpers/slurm_cluster.py stop FOLDER
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml  # type: ignore[import-untyped]
 
+from app.cli.hydra_errors import SCHEMA_SUFFIX
 from app.config import RunConfig
-from app.config_tree import _scalar
-from app.hydra_errors import SCHEMA_SUFFIX
+from app.console.config_tree import scalar_text
 
 USAGE = """usage: python -m app [group=option ...] [key=value ...]
 
@@ -82,9 +82,9 @@ def _values(path: Path, recipe: dict[str, object], task: str | None) -> str:
     shown = []
     for key, value in values.items():
         if key in recipe and recipe[key] != value:
-            shown.append(f"{key}: {_scalar(recipe[key])} (the {task} task's; the option alone: {_scalar(value)})")
+            shown.append(f"{key}: {scalar_text(recipe[key])} (the {task} task's; the option alone: {scalar_text(value)})")
         else:
-            shown.append(f"{key}: {_scalar(value)}")
+            shown.append(f"{key}: {scalar_text(value)}")
     return ", ".join(shown)
 
 
@@ -122,7 +122,7 @@ def _keys(group: str, option: Path | None) -> list[str]:
 
 
 def _schema_keys(stored: str) -> list[str]:
-    """The keys of a schema in Hydra's ConfigStore (filled by ``app.configure.register_configs``), a
+    """The keys of a schema in Hydra's ConfigStore (filled by ``app.cli.configure.register_configs``), a
     nested dataclass's dotted; a task's ``name`` (set by its option) is left out."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import DictConfig, OmegaConf
