@@ -292,3 +292,18 @@ def test_an_optuna_trial_left_running_is_launched_again_under_its_number(tmp_pat
     assert [(t.number, t.state) for t in trials] == [(0, optuna.trial.TrialState.COMPLETE)]  # no new trial
     assert f"optim.lr={lr}" in (sweep / "0" / ".hydra" / "overrides.yaml").read_text()
     assert trials[0].value == float(read_csv(sweep)[0]["best"])
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_sweep_in_hydras_default_folder_ends_with_a_card_that_names_it(tmp_path: Path) -> None:
+    """``python -m app -m optim.lr=...`` as the brief types it: Hydra's default sweep folder
+    (``outputs/multirun/${now:...}``) is recorded unresolved in each job's ``.hydra/``; the model card
+    finds the real folder (it once crashed the job listing a folder named with the interpolation)."""
+    proc = run_app("-m", "trainer.max_steps=1", "optim.lr=1e-3,2e-3", "logging.trackers=[]",
+                   "logging.progress_bar=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "outputs" / "multirun").glob("*/*")
+    for job in ("0", "1"):
+        card = (sweep / job / "model" / "README.md").read_text()
+        assert f"Job {job} of the sweep `{sweep}`" in card
+    assert (sweep / "sweep.md").is_file()

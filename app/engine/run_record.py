@@ -42,6 +42,11 @@ def read_run_record(run_dir: Path) -> RunRecord | None:
         multirun = str(hydra.get("mode")).endswith("MULTIRUN")
         job = (hydra.get("job") or {}).get("num")
         sweep = (hydra.get("sweep") or {}).get("dir")
+        if sweep is not None and "${" in str(sweep):
+            # Recorded unresolved (the default ``outputs/multirun/${now:...}``): the job's folder is
+            # <sweep dir>/<subdir>, so the sweep folder is as many levels up as the subdir has parts.
+            subdir = str((hydra.get("sweep") or {}).get("subdir") or "x")
+            sweep = run_dir.parents[len(Path(subdir).parts) - 1]
     except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         return None
     return RunRecord(overrides=overrides, sweep_dir=str(sweep) if multirun and sweep else None,
