@@ -134,6 +134,12 @@ def doc_commands() -> list[DocCommand]:
 COMMANDS = doc_commands()
 
 
+def test_the_readme_is_a_front_door():
+    """At most ~300 lines: what it is, the two commands, a tour, where outputs and code live; topics are
+    pages of docs/, benchmark results bench/README.md."""
+    assert len((REPO / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+
+
 def test_the_pages_have_their_commands():
     """The extraction itself: a broken fence or pattern would otherwise leave nothing to check."""
     pages = {c.where.split(":")[0] for c in COMMANDS}

@@ -241,6 +241,14 @@ def test_the_root_of_app_holds_the_foundation_only():
     assert not [folder for folder in folders if folder not in placed], f"folders in no layer: {folders}"
 
 
+def test_no_module_in_app_is_longer_than_600_lines():
+    """A module a reader can hold: past 600 lines it does several jobs (split it by job, as the
+    Accelerator's methods are in app/distributed/facade/)."""
+    long = {str(path.relative_to(REPO)): n for path in APP.rglob("*.py")
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > 600}
+    assert not long, long
+
+
 def engine_offences(path: Path, name: str) -> list[str]:
     """Where the module imports or reaches a forbidden API."""
     found = []
