@@ -8,6 +8,8 @@
   (``text/glue.py``, ``conf/task/glue_<name>.yaml``). ``mean_pooling``: the mean-pooling classifier head.
 - ``causal_lm/``: ``task=causal_lm``, a Transformers causal language model on text, packed into blocks,
   map-style or streamed (``task.streaming``) with exact resume.
+- ``sft/``: ``task=sft``, instruction tuning on conversations or prompt/completion pairs through a chat
+  template, the loss on the assistant's tokens, packing without cross-attention (built on ``causal_lm``).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -22,6 +24,7 @@ from app.config import TaskConfig
 from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits_config import DigitsConfig
 from app.tasks.external import external_task_class
+from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
 
 if TYPE_CHECKING:
@@ -31,6 +34,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "digits": DigitsConfig,
     "text_classification": TextClassificationConfig,
     "causal_lm": CausalLMConfig,
+    "sft": SFTConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -44,6 +48,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.text.task import TextClassificationTask
 
         return TextClassificationTask(cfg)
+    if isinstance(cfg, SFTConfig):  # before causal_lm: its schema extends causal_lm's
+        from app.tasks.sft.task import SFTTask
+
+        return SFTTask(cfg)
     if isinstance(cfg, CausalLMConfig):
         from app.tasks.causal_lm.task import CausalLMTask
 
@@ -54,4 +62,4 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DigitsConfig", "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DigitsConfig", "SFTConfig", "TextClassificationConfig", "build_task"]
