@@ -57,8 +57,10 @@ class PackedRows(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
         members = self.rows[self.bins[index]]
+        # A conversation's first token is predicted by nothing of its own: alone in a row it is never a
+        # target; packed, it would be the previous conversation's last target. Its label goes.
         return {"input_ids": [t for ids in members["input_ids"] for t in ids],
-                "labels": [t for labels in members["labels"] for t in labels],
+                "labels": [t for labels in members["labels"] for t in [IGNORE_INDEX, *labels[1:]]],
                 "position_ids": [p for ids in members["input_ids"] for p in range(len(ids))]}
 
     def conversations(self) -> int:
