@@ -22,8 +22,16 @@ from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
 from app.tasks.sft.tokens import Recipe, encode_rows
-from tests.tiny_chat import (COUNTDOWN, END_OF_TURN, NO_END, TEMPLATES, conversations, make_tiny_chat_llama,
-                             make_tokenizer, write_jsonl)
+from tests.tiny_chat import (
+    COUNTDOWN,
+    END_OF_TURN,
+    NO_END,
+    TEMPLATES,
+    conversations,
+    make_tiny_chat_llama,
+    make_tokenizer,
+    write_jsonl,
+)
 
 FIELDS = Fields("messages", "prompt", "completion", "text")
 

@@ -67,9 +67,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def corpus() -> list[str]:
     texts = [m["content"] for c in conversations(200, seed=99) for m in c]
-    for template in (*TEMPLATES.values(), COUNTDOWN, NO_END):
-        texts.append(template)
-    return [*texts, "system user assistant [INST] [/INST] <<SYS>> <</SYS>> \n\n 0 1 2 3 4 5 6 7 8 9 :"]
+    return [*texts, *TEMPLATES.values(), COUNTDOWN, NO_END, "system user assistant [INST] [/INST] <<SYS>> <</SYS>> \n\n 0 1 2 3 4 5 6 7 8 9 :"]
 
 
 def make_tokenizer(template: str = CHATML):
