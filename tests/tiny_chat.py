@@ -36,6 +36,7 @@ NO_END = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '\\n' }}{
 """Unusable: turns end with a newline, not a special token, so the model could never learn to stop."""
 
 SPECIAL = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+BASE_SPECIAL = [t for t in SPECIAL if "im_" not in t]
 SYSTEMS = ["you answer in one sentence .", "you are a helpful assistant ."]
 
 
@@ -70,33 +71,35 @@ def corpus() -> list[str]:
     return [*texts, *TEMPLATES.values(), COUNTDOWN, NO_END, "system user assistant [INST] [/INST] <<SYS>> <</SYS>> \n\n 0 1 2 3 4 5 6 7 8 9 :"]
 
 
-def make_tokenizer(template: str = CHATML):
+def make_tokenizer(template: str | None = CHATML, special: list[str] = SPECIAL):
     """A fast byte-level BPE tokenizer (exact round trip of any text), trained on :func:`corpus`, with
-    the special tokens of the three families, BOS ``<s>`` before plain text, EOS ``</s>``."""
+    the special tokens of the three families (``special``), BOS ``<s>`` before plain text, EOS ``</s>``;
+    ``template`` None: no chat template (a base model's tokenizer)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIAL, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=special, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator(corpus(), trainer)
     backend.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B",
                                                            special_tokens=[("<s>", backend.token_to_id("<s>"))])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                        extra_special_tokens=SPECIAL[2:], model_max_length=1024)
-    tokenizer.chat_template = template
+                                        extra_special_tokens=special[2:], model_max_length=1024)
+    if template is not None:
+        tokenizer.chat_template = template
     return tokenizer
 
 
-def make_tiny_chat_llama(folder: Path, template: str = CHATML, hidden: int = 32, layers: int = 2,
-                         heads: int = 4, kv_heads: int = 2) -> Path:
+def make_tiny_chat_llama(folder: Path, template: str | None = CHATML, hidden: int = 32, layers: int = 2,
+                         heads: int = 4, kv_heads: int = 2, base: bool = False) -> Path:
     """A config folder for ``task.config``: a tiny LlamaConfig and the tokenizer, ``template`` as its
-    chat template."""
+    chat template. ``base``: a base model's tokenizer, with no template and none of ChatML's tokens."""
     from transformers import LlamaConfig
 
-    tokenizer = make_tokenizer(template)
+    tokenizer = make_tokenizer(None, BASE_SPECIAL) if base else make_tokenizer(template)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                          max_position_embeddings=1024, bos_token_id=tokenizer.bos_token_id,
