@@ -144,15 +144,20 @@ def test_precomputed_values_come_back_from_the_checkpoint_state_and_are_not_comp
     first = task.step(model, batch).sample_losses
     saved = runtime.registered[0].state_dict()
     assert saved["table"].shape == (len(data.train) + len(data.eval), 2)
-    # a resumed run: a new task on the same data, the state loaded, the weights moved on
-    again, data2, runtime2 = dpo_task(tmp_path, chat_llama, rows, reference=Reference.precomputed)
+    # a resumed run: a new task on the same data, the state loaded, the weights moved on since the start
+    again, _, runtime2 = dpo_task(tmp_path, chat_llama, rows, reference=Reference.precomputed)
     resumed = again.build_model().train()
-    resumed.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.add_(0.05 * torch.randn_like(p))
     runtime2.registered[0].load_state_dict(saved)
-    assert torch.equal(again.step(resumed, batch).sample_losses, first)
+    reference = again.reference(resumed, batch, logps_forward)
+    assert torch.equal(reference, logps_forward(model, batch).detach())  # the starting weights' values
+    assert not torch.allclose(reference, logps_forward(resumed, batch).detach())
     assert isinstance(again.reference, Precomputed) and again.reference.passes == 0
-    other, _, runtime3 = dpo_task(tmp_path / "other", chat_llama, preference_rows(16, seed=6),
-                                  reference=Reference.precomputed)
+    assert torch.allclose(first, torch.full_like(first, math.log(2)), atol=1e-6)
+    _, _, runtime3 = dpo_task(tmp_path / "other", chat_llama, preference_rows(16, seed=6),
+                              reference=Reference.precomputed)
     with pytest.raises(ValueError, match="other pairs"):
         runtime3.registered[0].load_state_dict(saved)
 
