@@ -1,0 +1,119 @@
+"""``task=dpo`` as a user runs it (``python -m app``): on a toy preference set (the chosen answer keeps
+the grammar's subject/verb rule, the rejected one breaks it) a tiny Llama learns the preference
+(``eval/rewards/accuracies`` above 0.9, monitored by early stopping), TRL's metrics are in
+``metrics.jsonl``, the export loads; LoRA with ``task.reference=base`` trains and exports its adapter;
+bad pairs stop the run with one sentence (exit 2); and with ``task.reference=precomputed`` on 2
+processes, a run SIGKILLed mid-save and resumed ends with the uninterrupted run's weights, without
+running the reference pass again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_app
+from tests.dpo_pairs import preference_rows
+from tests.tiny_chat import make_tiny_chat_llama, write_jsonl
+
+QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
+PASS = "reference log-probabilities: one pass over"
+
+
+@pytest.fixture(scope="module")
+def prefs(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("dpo_app")
+    make_tiny_chat_llama(folder / "base", hidden=64)
+    write_jsonl(folder / "prefs.jsonl", preference_rows(240))
+    write_jsonl(folder / "val.jsonl", preference_rows(40, seed=7))
+    return folder
+
+
+def data_args(prefs: Path) -> tuple[str, ...]:
+    return ("task=dpo", f"task.config={prefs / 'base'}", f"task.data_files.train={prefs / 'prefs.jsonl'}",
+            f"task.data_files.validation={prefs / 'val.jsonl'}", "task.block_size=128",
+            f"task.cache_dir={prefs / 'cache'}", *QUIET)
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_learns_the_preference_and_exports(prefs):
+    run = prefs / "run"
+    run_app(*data_args(prefs), "trainer.max_epochs=3", "optim.lr=1e-3", "trainer.eval_every_n_steps=10",
+            "early_stopping.monitor=eval/rewards/accuracies", "early_stopping.mode=max", f"hydra.run.dir={run}",
+            cwd=prefs, check=True, timeout=300)
+    evaluations = [r for r in rows(run) if "eval/loss" in r]
+    assert len(evaluations) >= 5
+    first, last = evaluations[0], evaluations[-1]
+    assert last["eval/rewards/accuracies"] > 0.9
+    assert last["eval/rewards/margins"] > first["eval/rewards/margins"] > 0
+    assert last["eval/rewards/chosen"] > last["eval/rewards/rejected"]
+    assert last["eval/loss"] < first["eval/loss"] < 0.6932
+    assert {"eval/logps/chosen", "eval/logps/rejected"} <= set(last)
+    assert any("train/loss" in r for r in rows(run))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    tokenizer = AutoTokenizer.from_pretrained(run / "model")
+    assert model.config.vocab_size >= len(tokenizer) and tokenizer.chat_template
+    card = (run / "model" / "README.md").read_text()
+    assert "sigmoid preference loss" in card and "reference: copy" in card
+
+
+def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
+    run = prefs / "lora"
+    run_app(*data_args(prefs), "adapter=lora", "task.reference=base", "trainer.max_steps=20", "optim.lr=1e-2",
+            f"hydra.run.dir={run}", cwd=prefs, check=True, timeout=300)
+    last = [r for r in rows(run) if "eval/loss" in r][-1]
+    assert last["eval/rewards/margins"] > 0 and last["eval/loss"] < 0.6931
+    assert (run / "model" / "adapter" / "adapter_config.json").is_file()
+    proc = run_app(*data_args(prefs), "task.reference=base", "trainer.max_steps=2", f"hydra.run.dir={prefs / 'no'}",
+                   cwd=prefs)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: task.reference=base is the model with its LoRA adapters disabled, and this run has none: give "
+        "adapter=lora, or task.reference=copy or precomputed.")
+
+
+def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
+    bad = preference_rows(20)
+    bad[4]["rejected"] = bad[4]["chosen"]
+    write_jsonl(prefs / "bad.jsonl", bad)
+    proc = run_app(*data_args(prefs), f"task.data_files.train={prefs / 'bad.jsonl'}", "task.data_files.validation=null",
+                   f"hydra.run.dir={prefs / 'bad'}", cwd=prefs)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {prefs / 'bad.jsonl'} line 5: the 'chosen' and 'rejected' answers are identical.")
+
+
+@pytest.mark.signals
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(420)
+def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs):
+    """Rank 0 SIGKILLs itself half-way through the second save (step 6); resumed from step 3, the run
+    ends with the uninterrupted run's weights and logged values, and its log shows no reference pass."""
+    from app.distributed.checkpoint.store import FAULT_ENV
+
+    args = (*data_args(prefs), "task.reference=precomputed", "trainer.batch_size=4", "trainer.max_steps=9",
+            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=1",
+            "checkpoint.export=last", "optim.lr=1e-3", "hardware=multi_cpu", "hardware.num_processes=2")
+    reference, run = prefs / "uninterrupted", prefs / "killed"
+    whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
+    assert whole.stderr.count(PASS) == 1  # the main process's log
+    proc = run_app(*args, f"hydra.run.dir={run}", cwd=prefs, env={FAULT_ENV: "files:1"})
+    assert proc.returncode != 0 and proc.stderr.count(PASS) == 1
+    resumed = run_app(f"resume={run}", cwd=prefs, check=True)
+    assert "resum" in resumed.stderr and PASS not in resumed.stderr
+    weights = "model/model.safetensors"
+    assert (run / weights).read_bytes() == (reference / weights).read_bytes()
+
+    def logged(folder: Path) -> list:
+        return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in rows(folder)]
+
+    assert logged(run) == logged(reference)
+    assert "eval/rewards/accuracies" in rows(run)[-1]
