@@ -94,15 +94,17 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)
-def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs):
+@pytest.mark.parametrize("hardware", ["multi_cpu", "fsdp"])
+def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs, hardware):
     """Rank 0 SIGKILLs itself half-way through the second save (step 6); resumed from step 3, the run
-    ends with the uninterrupted run's weights and logged values, and its log shows no reference pass."""
+    ends with the uninterrupted run's weights and logged values, and its log shows no reference pass.
+    DDP and FSDP2 (the pass runs through the sharded policy on every process)."""
     from app.distributed.checkpoint.store import FAULT_ENV
 
     args = (*data_args(prefs), "task.reference=precomputed", "trainer.batch_size=4", "trainer.max_steps=9",
             "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=1",
-            "checkpoint.export=last", "optim.lr=1e-3", "hardware=multi_cpu", "hardware.num_processes=2")
-    reference, run = prefs / "uninterrupted", prefs / "killed"
+            "checkpoint.export=last", "optim.lr=1e-3", f"hardware={hardware}", "hardware.num_processes=2")
+    reference, run = prefs / f"uninterrupted-{hardware}", prefs / f"killed-{hardware}"
     whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
     assert (whole.stdout + whole.stderr).count(PASS) == 1  # the main process's log
     proc = run_app(*args, f"hydra.run.dir={run}", cwd=prefs, env={FAULT_ENV: "files:1"})
