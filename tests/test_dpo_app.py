@@ -119,4 +119,12 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
         return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in rows(folder)]
 
     assert logged(run) == logged(reference)
-    assert "eval/rewards/accuracies" in rows(run)[-1]
+    final = rows(run)[-1]
+    assert "eval/rewards/accuracies" in final
+    # mode=eval of the last checkpoint reads the values from it too: the run's last evaluation, no pass
+    evaluated = run_app(f"resume={run / 'checkpoints'}", "mode=eval", *args[:-2], f"hydra.run.dir={prefs / 'eval'}",
+                        cwd=prefs, check=True)
+    assert PASS not in evaluated.stdout + evaluated.stderr
+    metrics = json.loads((prefs / "eval" / "eval_metrics.json").read_text())["metrics"]
+    assert {k: metrics[k] for k in final if k.startswith("eval/")} == {k: v for k, v in final.items()
+                                                                       if k.startswith("eval/")}
