@@ -128,3 +128,42 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
     metrics = json.loads((prefs / "eval" / "eval_metrics.json").read_text())["metrics"]
     assert {k: metrics[k] for k in final if k.startswith("eval/")} == {k: v for k, v in final.items()
                                                                        if k.startswith("eval/")}
+
+
+def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
+    """Pairs of very different lengths, padded with other pairs in a batch of 8 or of 2: each pair is one
+    item of the step's mean, and padding changes no pair's log-probabilities, so batch 2 with 4
+    accumulation steps makes batch 8's update (within 1e-6 of its norm)."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from app.engine.run import run as run_in_process
+    from tests.conftest import compose_config
+
+    def weights(path: Path) -> torch.Tensor:
+        tensors = load_file(path)
+        return torch.cat([tensors[k].double().flatten() for k in sorted(tensors)])
+
+    model = make_tiny_chat_llama(tmp_path / "model", hidden=16, layers=1, heads=2, kv_heads=1)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).save_pretrained(model)
+    pairs = preference_rows(8, seed=2)
+    for row in pairs[4:]:  # long answers: several sentences
+        for side in ("chosen", "rejected"):
+            row[side] = [{"role": "assistant", "content": " ".join([row[side][0]["content"]] * 4)}]
+    train = write_jsonl(tmp_path / "train.jsonl", pairs)
+    args = ("task=dpo", f"task.model={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
+            f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
+            "scheduler=constant", "trainer.max_grad_norm=null", "trainer.max_steps=1", "task.beta=0.5",
+            "checkpoint.every_epoch=false", "checkpoint.export=last", "early_stopping.patience=null", *QUIET)
+    start = weights(model / "model.safetensors")
+    updates = {}
+    for name, (batch, accumulation) in {"8": (8, 1), "2x4": (2, 4)}.items():
+        run = tmp_path / name
+        run_in_process(compose_config(*args, f"trainer.batch_size={batch}",
+                                      f"trainer.gradient_accumulation_steps={accumulation}", f"hydra.run.dir={run}"), run)
+        updates[name] = weights(run / "model" / "model.safetensors") - start
+    reference = updates["8"]
+    assert reference.norm() > 0
+    assert float((updates["2x4"] - reference).norm() / reference.norm()) < 1e-6
