@@ -216,3 +216,14 @@ def test_options_are_checked():
         cfg.data_files.train = "x.jsonl"
         with pytest.raises(ConfigError, match=why):
             cfg.check()
+
+
+def test_field_names_and_the_held_out_share_are_the_configs(tmp_path, chat_llama):
+    rows = [{"question": r["prompt"], "good": r["chosen"], "bad": r["rejected"]} for r in preference_rows(30)]
+    task, data, _ = dpo_task(tmp_path, chat_llama, rows, prompt_field="question", chosen_field="good",
+                             rejected_field="bad", eval_fraction=0.2)
+    assert (len(data.train), len(data.eval)) == (24, 6)
+    assert sorted([*data.train["pair"], *data.eval["pair"]]) == list(range(30))
+    assert "train: 30 pairs of" in " | ".join(task.data_summary())
+    with pytest.raises(ConfigError, match="has no 'chosen' column"):
+        dpo_task(tmp_path / "missing", chat_llama, rows)
