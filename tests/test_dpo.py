@@ -225,5 +225,5 @@ def test_field_names_and_the_held_out_share_are_the_configs(tmp_path, chat_llama
     assert (len(data.train), len(data.eval)) == (24, 6)
     assert sorted([*data.train["pair"], *data.eval["pair"]]) == list(range(30))
     assert "train: 30 pairs of" in " | ".join(task.data_summary())
-    with pytest.raises(ConfigError, match="has no 'chosen' column"):
+    with pytest.raises(ConfigError, match="has no 'chosen' or 'rejected' column \\(it has question, good, bad\\)"):
         dpo_task(tmp_path / "missing", chat_llama, rows)
