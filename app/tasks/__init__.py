@@ -9,6 +9,10 @@
   (``text/glue.py``, ``conf/task/glue_<name>.yaml``).
 - ``causal_lm/``: ``task=causal_lm``, a Transformers causal language model on text, packed into blocks,
   map-style or streamed (``task.streaming``) with exact resume.
+- ``sft/``: ``task=sft``, instruction tuning on conversations or prompt/completion pairs through a chat
+  template, the loss on the assistant's tokens, packing without cross-attention (built on ``causal_lm``).
+- ``dpo/``: ``task=dpo``, preference tuning (DPO, IPO) on chosen/rejected pairs, the reference model a
+  frozen copy, the LoRA model with its adapters disabled, or values precomputed once (built on ``sft``).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -22,7 +26,9 @@ from typing import TYPE_CHECKING
 from app.config import TaskConfig
 from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits.config import DigitsConfig
+from app.tasks.dpo.config import DPOConfig
 from app.tasks.external import external_task_class
+from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
 
 if TYPE_CHECKING:
@@ -32,6 +38,8 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "digits": DigitsConfig,
     "text_classification": TextClassificationConfig,
     "causal_lm": CausalLMConfig,
+    "sft": SFTConfig,
+    "dpo": DPOConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -45,6 +53,14 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.text.task import TextClassificationTask
 
         return TextClassificationTask(cfg)
+    if isinstance(cfg, DPOConfig):  # before sft: its schema extends sft's
+        from app.tasks.dpo.task import DPOTask
+
+        return DPOTask(cfg)
+    if isinstance(cfg, SFTConfig):  # before causal_lm: its schema extends causal_lm's
+        from app.tasks.sft.task import SFTTask
+
+        return SFTTask(cfg)
     if isinstance(cfg, CausalLMConfig):
         from app.tasks.causal_lm.task import CausalLMTask
 
@@ -55,4 +71,4 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DigitsConfig", "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "SFTConfig", "TextClassificationConfig", "build_task"]

@@ -75,10 +75,10 @@ class CausalLMConfig(TaskConfig):
         if self.eval_documents < 1:
             raise ConfigError(f"task.eval_documents must be at least 1, got {self.eval_documents}.")
         if (self.model is None) == (self.config is None):
-            raise ConfigError("task=causal_lm needs one model: task.model=<folder or hub name> (pretrained weights) "
+            raise ConfigError(f"task={self.name} needs one model: task.model=<folder or hub name> (pretrained weights) "
                               "or task.config=<config folder or model type> (randomly initialised), not both."
                               if self.model is not None else
-                              "task=causal_lm needs a model: task.model=<folder or hub name> (pretrained weights) or "
+                              f"task={self.name} needs a model: task.model=<folder or hub name> (pretrained weights) or "
                               "task.config=<config folder or model type> (randomly initialised).")
         if self.data_files.train is None and self.data_files.validation is not None:
             raise ConfigError("task.data_files.validation needs task.data_files.train too.")

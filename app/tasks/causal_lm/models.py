@@ -54,13 +54,20 @@ def build_config(cfg: CausalLMConfig) -> PretrainedConfig:
     return config
 
 
-def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Module:
+def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_vocabulary: bool = False) -> nn.Module:
     """``AutoModelForCausalLM``: the pretrained weights, or a new model drawn from torch's random
-    stream (the run's seed); in float32 (precision is the runtime's: autocast)."""
+    stream (the run's seed); in float32 (precision is the runtime's: autocast). ``grow_vocabulary``:
+    a tokenizer with more tokens than the model (tokens the task added, task=sft's ChatML markers)
+    grows its embeddings (the new rows: Transformers' mean of the others) instead of being refused."""
     from transformers import AutoModelForCausalLM
 
     config = build_config(cfg)
-    if len(tokenizer) > config.vocab_size:
+    grow = grow_vocabulary and len(tokenizer) > config.vocab_size
+    if grow:
+        log.info("the model's vocabulary grows from %d to the tokenizer's %d tokens", config.vocab_size, len(tokenizer))
+        if cfg.model is None:
+            config.vocab_size = len(tokenizer)
+    elif len(tokenizer) > config.vocab_size:
         raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens and the model's vocabulary only "
                           f"{config.vocab_size}; give the model's own tokenizer (task.tokenizer) or a larger "
                           "vocab_size (task.config_overrides).")
@@ -73,6 +80,8 @@ def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase) -> nn.Mo
     except (OSError, ValueError) as err:
         raise ConfigError(f"Could not load the model {cfg.model!r}, which is neither a local folder with config.json "
                           "and weights nor reachable on the hub; set task.model to a local model folder.") from err
+    if grow:
+        model.resize_token_embeddings(len(tokenizer))
     generation = getattr(model, "generation_config", None)
     if generation is not None and not _holds(generation.eos_token_id, tokenizer.eos_token_id):
         generation.eos_token_id = config.eos_token_id  # its saved generation_config.json: stop where training did

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 
 class CausalLMTask:
-    metric_names = ("loss", "perplexity")
+    metric_names: tuple[str, ...] = ("loss", "perplexity")
 
     def __init__(self, cfg: CausalLMConfig):
         cfg.check()  # also when built from a config that did not pass through app.launching.validate
@@ -196,10 +196,17 @@ class CausalLMTask:
 
 def row_token_losses(model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's next-token losses summed over its predicted tokens (labels -100 are not predicted),
-    and how many tokens that is. The labels are shifted, not the logits (as transformers' own loss does):
-    the vocabulary-sized logits are read in place, never copied for a shift."""
+    and how many tokens that is."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
-    targets = F.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)  # position t predicts token t + 1
+    losses, targets = token_losses(logits, batch["labels"])
+    return losses.sum(dim=1), (targets != IGNORE_INDEX).sum(dim=1)
+
+
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next-token loss at each position (0 where the next label is -100) and the targets (labels
+    shifted left). The labels are shifted, not the logits (as transformers' own loss does): the
+    vocabulary-sized logits are read in place, never copied for a shift."""
+    targets = F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)  # position t predicts token t + 1
     losses = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX,
                              reduction="none").view_as(targets)
-    return losses.sum(dim=1), (targets != IGNORE_INDEX).sum(dim=1)
+    return losses, targets

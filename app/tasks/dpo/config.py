@@ -1,0 +1,67 @@
+"""Schema of ``task=dpo``: ``task=sft``'s model, data sources, chat template and block size, plus what
+makes preference tuning (the pair's columns, the loss and its β, the reference model). Kept free of
+torch, transformers and datasets: config composition imports it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from app.config import ConfigError
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+
+
+class LossType(str, enum.Enum):
+    sigmoid = "sigmoid"
+    """DPO (Rafailov et al. 2023): ``-log σ(β·margin)`` over summed answer log-probabilities; with
+    ``task.label_smoothing`` ε, the conservative DPO of TRL: ``-(1-ε)·log σ(β·m) - ε·log σ(-β·m)``."""
+    ipo = "ipo"
+    """IPO (Azar et al. 2023): ``(m - 1/(2β))²`` over log-probabilities averaged per answer token (as
+    TRL computes it)."""
+
+
+class Reference(str, enum.Enum):
+    copy = "copy"
+    """A frozen copy of the starting weights, beside the policy (twice the model's weights in memory)."""
+    base = "base"
+    """With ``adapter=lora``: the policy with its adapters disabled (peft's ``disable_adapter``); no
+    second copy of the weights."""
+    precomputed = "precomputed"
+    """One pass over the training and evaluation pairs before the first step, with the starting
+    weights; the values are saved with every checkpoint, so resume and ``mode=eval`` reuse them."""
+
+
+@dataclass
+class DPOConfig(SFTConfig):
+    """Preference tuning of an ``AutoModelForCausalLM`` on prompt/chosen/rejected pairs."""
+
+    name: str = "dpo"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    beta: float = 0.1
+    """How far the policy may move from the reference (larger: closer to it)."""
+    label_smoothing: float = 0.0
+    """The share of pairs assumed mislabelled (conservative DPO); sigmoid loss only."""
+    loss_type: LossType = LossType.sigmoid
+    reference: Reference = Reference.copy
+    reference_batch_size: int = 8
+    """Pairs per forward pass of ``task.reference=precomputed``'s pass."""
+
+    def check(self) -> None:
+        super().check()
+        if self.beta <= 0:
+            raise ConfigError(f"task.beta must be positive, got {self.beta}.")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"task.label_smoothing must be in [0, 0.5), got {self.label_smoothing}.")
+        if self.label_smoothing and self.loss_type is not LossType.sigmoid:
+            raise ConfigError(f"task.label_smoothing applies to task.loss_type=sigmoid, not {self.loss_type.value}.")
+        if self.reference_batch_size < 1:
+            raise ConfigError(f"task.reference_batch_size must be at least 1, got {self.reference_batch_size}.")
+        if self.packing:
+            raise ConfigError("task=dpo runs one pair per row (task.packing=true is not supported yet).")
+        if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
+            raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
+                              "and task.train_on at their defaults.")
+        if self.overlong is Overlong.drop:
+            raise ConfigError("task=dpo cuts an answer longer than the block (task.overlong=truncate) or refuses it "
+                              "(refuse); drop is not supported.")

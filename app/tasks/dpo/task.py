@@ -1,0 +1,181 @@
+"""``DPOTask``: preference tuning. ``task=sft``'s model, tokenizer, chat template and export, on pairs of
+a chosen and a rejected answer to the same prompt; the loss (``task.loss_type``) compares the policy's
+answer log-probabilities with the reference's (``task.reference``, see ``reference.py``).
+
+Each batch holds its pairs' chosen rows, then their rejected rows, padded together: one forward pass
+gives both, so they see the same weights (and dropout state). A pair is one item of the engine's loss
+(``StepOutput(sample_losses=per pair, sample_items=1)``): the loss is the mean over the pairs of the
+whole optimizer step, at any batch split. Evaluation sums TRL's metrics per pair on each process and
+reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``, ``eval/rewards/chosen``,
+``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from app.config import ConfigError
+from app.tasks.base import StepOutput, TaskData, TaskRuntime
+from app.tasks.causal_lm.documents import hold_out
+from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.dpo.config import DPOConfig, Reference
+from app.tasks.dpo.loss import answer_logps, preference_losses
+from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed, logps_forward
+from app.tasks.sft.packing import SFTCollator
+from app.tasks.sft.task import SFTTask
+from app.tasks.text.sources import Split, check_data_files
+from app.tasks.text.task import digest, run_main_first
+from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
+
+if TYPE_CHECKING:
+    import datasets
+
+CACHE_VERSION = 1
+"""Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
+           "logps/rejected")
+
+
+class PairCollator:
+    """Pairs into one batch: the chosen rows, then the rejected rows (``SFTCollator``: padded on the
+    right, -100 labels, an attention mask where lengths differ), and each pair's row number ``pair``."""
+
+    def __init__(self, pad_id: int, fixed_length: int | None = None):
+        self.rows = SFTCollator(pad_id, fixed_length)
+
+    def __call__(self, pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
+                           for side in SIDES for p in pairs])
+        batch["pair"] = torch.tensor([p["pair"] for p in pairs], dtype=torch.int64)
+        return batch
+
+
+class DPOTask(SFTTask):
+    metric_names: tuple[str, ...] = ("loss", *METRICS)  # type: ignore[assignment]
+
+    def __init__(self, cfg: DPOConfig):
+        super().__init__(cfg)
+        self.cfg: DPOConfig = cfg
+        self.conversational = False
+        self.reference: FrozenCopy | AdaptersDisabled | Precomputed | None = \
+            AdaptersDisabled() if cfg.reference is Reference.base else None
+
+    # -- data ----------------------------------------------------------------------------------------------
+
+    def build_data(self, runtime: TaskRuntime) -> TaskData:
+        check_data_files(self.cfg.data_files)
+        if not runtime.is_main_process:
+            import datasets
+
+            datasets.disable_progress_bars()
+        train, evaluation, key = run_main_first(runtime, self._pairs_read)
+        tokenizer = self.tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        collate = PairCollator(pad if pad is not None else 0, self.cfg.block_size if runtime.static_shapes else None)
+        if self.cfg.reference is Reference.precomputed:
+            self.reference = Precomputed(key, (train, evaluation), collate, self.cfg.reference_batch_size)
+            runtime.register_for_checkpointing(self.reference)
+        lengths = [max(len(c), len(r)) for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
+        return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
+
+    def _pairs_read(self) -> tuple[datasets.Dataset, datasets.Dataset, str]:
+        """Both splits read, checked, tokenized (cached), held out; each pair numbered (training pairs
+        first) for the precomputed reference table. Also returns a key of the pairs."""
+        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
+        splits = self._read(root / "raw")
+        train = splits["train"]
+        columns = train.data.column_names
+        missing = [c for c in (cfg.chosen_field, cfg.rejected_field) if c not in columns]
+        if missing:
+            raise ConfigError(f"{train.origin} has no {' or '.join(repr(c) for c in missing)} column (it has "
+                              f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
+                              "task.prompt_field, task.chosen_field and task.rejected_field.")
+        if len(train.data) and isinstance(train.data[0][cfg.chosen_field], list):
+            self.conversational = True
+            self._check_template()
+        rows, read = {}, []
+        for name, split in splits.items():
+            data, cut = self._tokenize(split, name, root)
+            rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
+            read.append(f"{name}: {len(data):,} pairs of {split.origin}"
+                        f" ({'conversations' if self.conversational else 'text'})"
+                        + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else ""))
+        if "validation" not in rows:
+            rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
+        self._splits_read = read
+        train_rows, eval_rows = rows["train"].data, rows["validation"].data
+        train_rows = train_rows.add_column("pair", list(range(len(train_rows))))
+        eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
+        return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
+
+    def _tokenize(self, split: Split, name: str, root: Path) -> tuple[datasets.Dataset, int]:
+        cfg = self.cfg
+        fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
+                            split.origin, split.origin.lower().endswith(".jsonl"))
+        payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
+                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected],
+                   "block_size": cfg.block_size, "overlong": cfg.overlong.value, "data": split.fingerprint}
+        key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+        root.mkdir(parents=True, exist_ok=True)
+        data = split.data.map(functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields), batched=True,
+                              with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
+                              num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
+                              desc=f"Tokenizing {cfg.name} {name}",
+                              cache_file_name=str(root / f"dpo-{name}-{key}.arrow"), load_from_cache_file=True)
+        return data.remove_columns("cut"), sum(data["cut"])
+
+    # -- model and steps -----------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
+        self._flops_per_token = flops_per_token(model, self.cfg.block_size)
+        if self.cfg.reference is Reference.copy:
+            self.reference = FrozenCopy(model)  # before any adapter: the starting weights
+        return model
+
+    def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per pair: the loss and TRL's metrics (one forward of the policy over both sides)."""
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
+        policy, lengths = answer_logps(logits, batch["labels"])
+        assert self.reference is not None  # build_data / build_model chose it
+        reference = self.reference(model, batch, logps_forward)
+        cfg = self.cfg
+        return preference_losses(policy.view(2, -1), reference.view(2, -1).to(policy.dtype), lengths.view(2, -1),
+                                 cfg.beta, cfg.label_smoothing, cfg.loss_type)
+
+    def step(self, model: nn.Module, batch: Any) -> StepOutput:
+        """Each pair's loss; a pair is one item of the step's mean."""
+        losses, _ = self._pairs(model, batch)
+        return StepOutput(sample_losses=losses, sample_items=1)
+
+    def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        losses, metrics = self._pairs(model, batch)
+        return {"loss": losses.detach(), **metrics, "pairs": torch.ones_like(losses)}
+
+    def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        pairs = max(sums["pairs"], 1.0)
+        return {name: sums[name] / pairs for name in self.metric_names}
+
+    def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Not called (the engine reduces :meth:`evaluation_sums`); from gathered rows of the same
+        quantities, in ``metric_names`` order then the pair count, it gives the same metrics."""
+        totals = logits.double().sum(dim=0).tolist()
+        return self.metrics_from_sums(dict(zip((*self.metric_names, "pairs"), totals, strict=False)))
+
+    def card_facts(self) -> dict[str, str]:
+        cfg = self.cfg
+        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
+                 f"(preference pairs{', conversations' if self.conversational else ''})"}
+        if self.conversational:
+            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts["trained on"] = (f"{cfg.loss_type.value} preference loss, β = {cfg.beta}, reference: "
+                               f"{cfg.reference.value}")
+        return facts

@@ -1,0 +1,72 @@
+"""Schema of ``task=sft``: ``task=causal_lm``'s model, data sources and block size, plus what makes
+instruction tuning (the data's format, the chat template, which tokens are learnt). Kept free of torch,
+transformers and datasets: config composition imports it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from app.config import ConfigError
+from app.tasks.causal_lm.config import CausalLMConfig
+
+
+class DataFormat(str, enum.Enum):
+    auto = "auto"
+    """From the columns: ``task.messages_field``, else ``task.prompt_field`` + ``task.completion_field``,
+    else ``task.text_field``."""
+    messages = "messages"
+    """Conversations: a list of ``{role, content}`` (system / user / assistant), any number of turns."""
+    prompt_completion = "prompt_completion"
+    """A prompt and its completion: two strings, or two lists of messages."""
+    text = "text"
+    """Plain text, learnt whole (no template)."""
+
+
+class TrainOn(str, enum.Enum):
+    assistant = "assistant"
+    """Every assistant turn (of the completion, for prompt/completion data), its end-of-turn token included."""
+    last_assistant = "last_assistant"
+    """The last assistant turn only (earlier ones are context)."""
+    completion = "completion"
+    """Prompt/completion data: the completion, its end-of-turn (or EOS) token included."""
+    all = "all"
+    """Every token of the formatted text, the template's headers included."""
+
+
+class Overlong(str, enum.Enum):
+    truncate = "truncate"
+    """Keep the first ``task.block_size`` tokens (a conversation left with nothing learnt is dropped)."""
+    drop = "drop"
+    """Leave the conversation out (counted in the log)."""
+    refuse = "refuse"
+    """Stop before training, naming the file and line."""
+
+
+@dataclass
+class SFTConfig(CausalLMConfig):
+    """Instruction tuning of an ``AutoModelForCausalLM`` on conversations or prompt/completion pairs."""
+
+    name: str = "sft"
+    format: DataFormat = DataFormat.auto
+    messages_field: str = "messages"
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    chat_template: str | None = None
+    """null: the tokenizer's own; ``chatml`` (built in, adds ``<|im_start|>``/``<|im_end|>`` to a tokenizer
+    that lacks them); or a Jinja file. Saved with the exported tokenizer."""
+    train_on: TrainOn = TrainOn.assistant
+    overlong: Overlong = Overlong.truncate
+    """A conversation longer than ``task.block_size`` tokens."""
+    num_proc: int = 1
+    """Processes that tokenize the map-style splits (``datasets.map(num_proc=...)``)."""
+
+    def check(self) -> None:
+        super().check()
+        if self.num_proc < 1:
+            raise ConfigError(f"task.num_proc must be at least 1, got {self.num_proc}.")
+        if self.train_on is TrainOn.completion and self.format in (DataFormat.messages, DataFormat.text):
+            raise ConfigError(f"task.train_on=completion needs prompt/completion data, and task.format="
+                              f"{self.format.value}; use task.train_on=assistant or last_assistant.")
+        if self.streaming:
+            raise ConfigError("task=sft reads its data map-style (task.streaming=true is not supported yet).")

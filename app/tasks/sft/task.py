@@ -1,0 +1,215 @@
+"""``SFTTask``: instruction tuning. ``task=causal_lm``'s model, tokenizer, export and summed evaluation,
+on conversations or prompt/completion pairs formatted by a chat template, the loss on the learnt
+tokens only (``task.train_on``), one conversation per row or packed without cross-attention.
+
+The loss is per learnt token over the whole optimizer step (``StepOutput(sample_losses,
+sample_items)``): a long answer's tokens weigh what a short one's do, at any batch split.
+Evaluation sums per process (``app.tasks.base.SummedMetrics``): ``eval/loss`` and ``eval/perplexity``
+per learnt token and ``eval/token_accuracy``, with no logits gathered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from app.config import ConfigError
+from app.tasks.base import StepOutput, TaskData, TaskRuntime
+from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.causal_lm.documents import hold_out
+from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.causal_lm.task import CausalLMTask, token_losses
+from app.tasks.sft.attention import check_isolation, model_inputs
+from app.tasks.sft.config import DataFormat, SFTConfig, TrainOn
+from app.tasks.sft.conversations import BadRow, Fields
+from app.tasks.sft.packing import PackedRows, SFTCollator
+from app.tasks.sft.spans import SpanFinder, UnusableTemplate
+from app.tasks.sft.templates import install_chat_template
+from app.tasks.sft.tokens import tokenize_split
+from app.tasks.text.models import load_tokenizer
+from app.tasks.text.sources import Split, check_data_files, load_dataset_splits, read_file
+from app.tasks.text.task import digest, run_main_first
+from app.tasks.text.tokenization import cache_root
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class SFTTask(CausalLMTask):
+    metric_names = ("loss", "perplexity", "token_accuracy")
+
+    def __init__(self, cfg: SFTConfig):
+        super().__init__(cfg)
+        self.cfg: SFTConfig = cfg
+        self.data_format: DataFormat | None = None
+        self.end_of_turn: str | None = None
+        """The token that ends an assistant turn (the export's generation stops there too)."""
+        self._explicit_mask = False
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        if self._tokenizer is None:
+            source = self.cfg.tokenizer or model_source(self.cfg)
+            tokenizer = load_tokenizer(source)
+            if not tokenizer.is_fast:
+                raise ConfigError(f"the tokenizer of {source} is a slow (Python) one; task=sft needs a fast tokenizer "
+                                  "(tokenizer.json), whose character offsets locate the learnt tokens.")
+            if self.cfg.chat_template is not None:
+                install_chat_template(tokenizer, self.cfg.chat_template, source)
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    # -- data ----------------------------------------------------------------------------------------------
+
+    def build_data(self, runtime: TaskRuntime) -> TaskData:
+        check_data_files(self.cfg.data_files)
+        if not runtime.is_main_process:
+            import datasets
+
+            datasets.disable_progress_bars()
+        train, evaluation = run_main_first(runtime, self._prepare)
+        tokenizer = self.tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._explicit_mask = runtime.static_shapes
+        fixed = self.cfg.block_size if self.cfg.packing or runtime.static_shapes else None
+        lengths = None if self.cfg.packing else [len(ids) for ids in train["input_ids"]]
+        return TaskData(train=train, eval=evaluation, collate_fn=SFTCollator(pad if pad is not None else 0, fixed),
+                        train_lengths=lengths)
+
+    def _prepare(self) -> tuple[Any, Any]:
+        """Both splits read, checked, tokenized with their labels (cached), held out and packed."""
+        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
+        splits = self._read(root / "raw")
+        train = splits["train"]
+        try:
+            self.data_format = Fields.of(cfg).detect(train.data.column_names, cfg.format, train.origin)
+        except BadRow as err:
+            raise ConfigError(f"{err}") from None
+        if self.data_format is DataFormat.messages or (self.data_format is DataFormat.prompt_completion
+                                                       and isinstance(train.data[0][cfg.prompt_field], list)):
+            self._check_template()
+        summaries = []
+        rows = {}
+        for name, split in splits.items():
+            data, dropped, cut = tokenize_split(split, name, self.tokenizer, cfg, self.data_format, root)
+            rows[name] = Split(data, digest(split.fingerprint, "sft-rows"), split.origin)
+            summaries.append((name, split, dropped, cut))
+        if "validation" not in rows:
+            rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
+        for name in ("train", "validation"):
+            if len(rows[name].data) == 0:
+                raise ConfigError(f"{rows[name].origin} has no conversation with a token to learn "
+                                  f"(task.train_on={cfg.train_on.value}).")
+        train_rows, eval_rows = rows["train"].data, rows["validation"].data
+        self._splits_read = [self._describe(*summary) for summary in summaries]
+        if cfg.packing:
+            packed_train, packed_eval = PackedRows(train_rows, cfg.block_size), PackedRows(eval_rows, cfg.block_size)
+            self._splits_read.append(f"packed: {len(train_rows):,} training conversations into {len(packed_train):,} "
+                                     f"rows of {cfg.block_size} tokens, {len(eval_rows):,} evaluation ones into "
+                                     f"{len(packed_eval):,}")
+            return packed_train, packed_eval
+        return train_rows, eval_rows
+
+    def _read(self, raw_cache: Path) -> dict[str, Split]:
+        cfg = self.cfg
+        if cfg.data_files.train is not None:
+            files = {"train": cfg.data_files.train, "validation": cfg.data_files.validation}
+            return {split: read_file(path, split, raw_cache) for split, path in files.items() if path is not None}
+        assert cfg.dataset is not None  # the schema's check
+        return load_dataset_splits(cfg.dataset, cfg.dataset_config, None, ["train", "validation"])
+
+    def _check_template(self) -> None:
+        """Conversational data needs a usable template: the tokenizer's own must exist, and the spans of
+        a probe conversation must be found (else one sentence, before any row is tokenized)."""
+        source = self.cfg.tokenizer or model_source(self.cfg)
+        if self.cfg.chat_template is None:
+            install_chat_template(self.tokenizer, None, source)  # checks that the tokenizer has its own
+        try:
+            self.end_of_turn = SpanFinder(self.tokenizer, TrainOn.assistant).end_of_turn()
+        except UnusableTemplate as err:
+            raise ConfigError(f"The chat template of {self.cfg.chat_template or source} cannot be trained on: {err}; "
+                              "give task.chat_template=chatml or a Jinja file.") from None
+        except BadRow as err:
+            raise ConfigError(f"The chat template of {self.cfg.chat_template or source} fails on a two-turn "
+                              f"conversation: {err}.") from None
+
+    def _describe(self, name: str, split: Split, dropped: int, cut: int) -> str:
+        """``train: 120 conversations of chat.jsonl (messages, learnt: assistant), 2 dropped with nothing to
+        learn, 3 cut at task.block_size=256``."""
+        assert self.data_format is not None
+        kind = {DataFormat.messages: "conversations", DataFormat.prompt_completion: "prompt/completion pairs",
+                DataFormat.text: "texts"}[self.data_format]
+        text = f"{name}: {len(split.data):,} {kind} of {split.origin} (learnt: {self.cfg.train_on.value})"
+        if dropped:
+            text += f", {dropped:,} dropped with nothing to learn"
+        if cut:
+            text += f", {cut:,} {'dropped as' if self.cfg.overlong.value == 'drop' else 'cut at'} longer than " \
+                    f"task.block_size={self.cfg.block_size}"
+        return text
+
+    # -- model and steps -----------------------------------------------------------------------------------
+
+    def build_model(self) -> nn.Module:
+        model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
+        self._flops_per_token = flops_per_token(model, self.cfg.block_size)
+        if self.cfg.packing:
+            check_isolation(model, self._explicit_mask)
+        return model
+
+    def _forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
+        logits = model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
+        losses, targets = token_losses(logits, batch["labels"])
+        return logits, losses, targets
+
+    def step(self, model: nn.Module, batch: Any) -> StepOutput:
+        """Per row, the summed loss of its learnt tokens and their number (the engine normalises by the
+        learnt tokens of the whole optimizer step)."""
+        _, losses, targets = self._forward(model, batch)
+        return StepOutput(sample_losses=losses.sum(dim=1), sample_items=(targets != IGNORE_INDEX).sum(dim=1))
+
+    def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per row: the summed loss of its learnt tokens, their count, and how many the model predicts
+        exactly (argmax), all on the device."""
+        logits, losses, targets = self._forward(model, batch)
+        learnt = targets != IGNORE_INDEX
+        correct = ((logits.argmax(dim=-1) == targets) & learnt).sum(dim=1)
+        return {"loss_sum": losses.sum(dim=1), "tokens": learnt.sum(dim=1), "correct": correct}
+
+    def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
+        metrics = super().metrics_from_sums(sums)
+        return {**metrics, "token_accuracy": sums.get("correct", 0.0) / max(sums["tokens"], 1)}
+
+    def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """Not called (the engine reduces :meth:`evaluation_sums`)."""
+        totals = logits.double().sum(dim=0).tolist()
+        return self.metrics_from_sums(dict(zip(("loss_sum", "tokens", "correct"), totals, strict=False)))
+
+    # -- export and card -----------------------------------------------------------------------------------
+
+    def save_artifacts(self, model: nn.Module, folder: Path) -> None:
+        """causal_lm's export (the tokenizer, with the run's chat template), and generation that stops at
+        the end-of-turn token as well as at EOS."""
+        generation = getattr(model, "generation_config", None)
+        if generation is not None and self.end_of_turn is not None:
+            token = self.tokenizer.convert_tokens_to_ids(self.end_of_turn)
+            eos = generation.eos_token_id
+            ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+            if token not in ids:
+                generation.eos_token_id = [*ids, token] if ids else token
+        super().save_artifacts(model, folder)
+
+    def card_facts(self) -> dict[str, str]:
+        cfg = self.cfg
+        data = cfg.data_files.train or cfg.dataset or ""
+        template = cfg.chat_template or "the tokenizer's own"
+        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{data}`"
+                 + (f" ({self.data_format.value})" if self.data_format is not None else "")}
+        if self.data_format is not DataFormat.text:
+            facts["chat template"] = f"{template}, saved with the tokenizer (end of turn: `{self.end_of_turn}`)"
+        facts["trained on"] = f"{cfg.train_on.value} tokens" + (", packed" if cfg.packing else "")
+        return facts
+

@@ -1,0 +1,130 @@
+"""From rows to training rows: each row formatted (``spans.SpanFinder``), tokenized once with character
+offsets, and labelled: a token is learnt (its label is its id) where it overlaps a learnt range, else
+its label is -100. A split is tokenized by ``datasets.map`` (``task.num_proc`` processes, a progress
+bar, cached on disk under a key of everything that changes the rows), then the rows with nothing
+learnt are dropped and counted."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.config import ConfigError
+from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.conversations import BadRow, Fields, read_row
+from app.tasks.sft.spans import Formatted, SpanFinder, UnusableTemplate
+from app.tasks.text.sources import Split
+from app.tasks.text.tokenization import tokenizer_fingerprint
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+
+CACHE_VERSION = 1
+"""Part of the cache key: bump it when ``encode_rows`` changes what it produces."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything besides the tokenizer and the data that decides a split's rows (picklable for the
+    tokenizing processes, and the cache key)."""
+
+    data_format: DataFormat
+    fields: Fields
+    train_on: TrainOn
+    block_size: int
+    overlong: Overlong
+    origin: str
+    """The split's file, for messages."""
+    lines: bool
+    """Rows are the lines of a JSON Lines file: messages say "line N" (else "row N")."""
+
+    @classmethod
+    def of(cls, cfg: SFTConfig, data_format: DataFormat, split: Split) -> Recipe:
+        return cls(data_format, Fields.of(cfg), cfg.train_on, cfg.block_size, cfg.overlong, split.origin,
+                   split.origin.lower().endswith(".jsonl"))
+
+    def where(self, index: int) -> str:
+        return f"{self.origin} {'line' if self.lines else 'row'} {index + 1}"
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, formatted: list[Formatted]) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of each formatted text. Plain text gets the tokenizer's special tokens (BOS)
+    and an EOS after it, learnt; a template's text carries its own."""
+    out: list[tuple[list[int], list[int]]] = [([], [])] * len(formatted)
+    eos = tokenizer.eos_token_id
+    for plain in (True, False):
+        group = [i for i, f in enumerate(formatted) if f.plain == plain]
+        if not group:
+            continue
+        encoded = tokenizer([formatted[i].text for i in group], add_special_tokens=plain, return_offsets_mapping=True,
+                            return_attention_mask=False, verbose=False)
+        for i, ids, offsets in zip(group, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+            ranges = formatted[i].learnt
+            # learnt: a token that overlaps a learnt range (the special tokens a tokenizer adds have no extent)
+            labels = [t if end > begin and any(end > s and begin < e for s, e in ranges) else IGNORE_INDEX
+                      for t, (begin, end) in zip(ids, offsets, strict=True)]
+            if plain and eos is not None and (not ids or ids[-1] != eos):
+                ids, labels = [*ids, eos], [*labels, eos]
+            out[i] = (ids, labels)
+    return out
+
+
+def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
+                recipe: Recipe) -> dict[str, list]:
+    """A ``datasets.map`` batch -> ``input_ids``, ``labels``, ``learnt`` (tokens learnt, 0: dropped later)
+    and ``cut`` (1: truncated to block_size). Bad rows are refused naming their line."""
+    finder = SpanFinder(tokenizer, recipe.train_on)
+    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    formatted = []
+    for index, row in zip(indices, rows, strict=True):
+        try:
+            formatted.append(finder(read_row(row, recipe.data_format, recipe.fields)))
+        except BadRow as err:
+            raise ConfigError(f"{recipe.where(index)}: {err}.") from None
+        except UnusableTemplate as err:
+            raise ConfigError(f"The chat template cannot be trained on with task.train_on={recipe.train_on.value}: "
+                              f"{err} ({recipe.where(index)}); give task.chat_template=chatml or a Jinja file.") \
+                from None
+    out: dict[str, list] = {"input_ids": [], "labels": [], "learnt": [], "cut": []}
+    for index, (ids, labels) in zip(indices, tokenize(tokenizer, formatted), strict=True):
+        cut = len(ids) > recipe.block_size
+        if cut and recipe.overlong is Overlong.refuse:
+            raise ConfigError(f"{recipe.where(index)} is {len(ids)} tokens long, more than task.block_size="
+                              f"{recipe.block_size} (task.overlong=refuse); give a larger block_size or "
+                              "task.overlong=truncate or drop.")
+        if cut:
+            ids, labels = ids[:recipe.block_size], labels[:recipe.block_size]
+        learnt = 0 if cut and recipe.overlong is Overlong.drop else sum(label != IGNORE_INDEX for label in labels)
+        for key, value in (("input_ids", ids), ("labels", labels), ("learnt", learnt), ("cut", int(cut))):
+            out[key].append(value)
+    return out
+
+
+def tokenize_split(split: Split, name: str, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig,
+                   data_format: DataFormat, cache_dir: Path | None) -> tuple[datasets.Dataset, int, int]:
+    """The split's rows with something learnt, and how many were dropped (nothing learnt) and cut."""
+    recipe = Recipe.of(cfg, data_format, split)
+    payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer),
+               "template": tokenizer.chat_template, "recipe": {**asdict(recipe), "origin": None},
+               "data": split.fingerprint}
+    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+    cached: dict[str, Any] = {}
+    if cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cached = {"cache_file_name": str(cache_dir / f"sft-{name}-{key}.arrow"), "load_from_cache_file": True}
+    rows = split.data.map(functools.partial(encode_rows, tokenizer=tokenizer, recipe=recipe), batched=True,
+                          with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
+                          num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
+                          desc=f"Tokenizing {cfg.name} {name}", **cached)
+    learnt = rows["learnt"]
+    kept = [i for i, n in enumerate(learnt) if n > 0]
+    cut = sum(rows["cut"])
+    if len(kept) < len(rows):
+        rows = rows.select(kept)
+    return rows, len(learnt) - len(kept), cut

@@ -1,0 +1,229 @@
+"""``task=dpo`` in process: the loss equals a hand computation (sigmoid with label smoothing, IPO), from
+log-probabilities computed pair by pair without padding; the three reference modes give the same
+reference values and the same first-step loss (ln 2: the policy starts as its reference); the explicit,
+implicit-prompt and string forms; bad pairs refused naming file and line; the precomputed values
+travel with the checkpoint state, so a resumed run does not compute them again."""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.config import ConfigError
+from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.dpo.config import DPOConfig, LossType, Reference
+from app.tasks.dpo.loss import preference_losses
+from app.tasks.dpo.reference import logps_forward
+from app.tasks.dpo.task import DPOTask
+from tests.helpers.dpo_pairs import preference_rows
+from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
+
+
+class OneProcess:
+    """The runtime as a task sees it in build_data, on one process (keeps what is registered)."""
+
+    is_main_process = True
+    static_shapes = False
+
+    def __init__(self) -> None:
+        self.registered: list = []
+
+    def main_process_first(self):
+        return nullcontext()
+
+    def register_for_checkpointing(self, *objects) -> None:
+        self.registered.extend(objects)
+
+
+@pytest.fixture(scope="module")
+def chat_llama(tmp_path_factory) -> Path:
+    return make_tiny_chat_llama(tmp_path_factory.mktemp("dpo") / "base")
+
+
+def dpo_task(tmp_path: Path, model: Path, rows: list[dict], **options) -> tuple[DPOTask, object, OneProcess]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    train = write_jsonl(tmp_path / "prefs.jsonl", rows)
+    cfg = DPOConfig(config=str(model), cache_dir=str(tmp_path / "cache"), block_size=128, packing=False, **options)
+    cfg.data_files.train = str(train)
+    task, runtime = DPOTask(cfg), OneProcess()
+    torch.manual_seed(0)
+    return task, task.build_data(runtime), runtime
+
+
+def hand_logp(model, ids: list[int], labels: list[int]) -> float:
+    """Σ log p(token | before) over the learnt tokens of one unpadded row, in float64."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double()
+    logps = torch.log_softmax(logits, dim=-1)
+    return sum(logps[t - 1, labels[t]].item() for t in range(1, len(ids)) if labels[t] != IGNORE_INDEX)
+
+
+def test_the_losses_are_the_formulas():
+    policy = torch.tensor([[-10.0, -3.5, -7.25], [-12.0, -3.0, -9.0]])
+    reference = torch.tensor([[-11.0, -3.0, -7.0], [-11.5, -3.25, -8.0]])
+    lengths = torch.tensor([[4, 2, 3], [5, 2, 6]])
+    beta, eps = 0.3, 0.1
+    losses, metrics = preference_losses(policy, reference, lengths, beta, eps, LossType.sigmoid)
+    ipo, _ = preference_losses(policy, reference, lengths, beta, 0.0, LossType.ipo)
+    for k in range(3):
+        pc, pr, rc, rr = policy[0, k].item(), policy[1, k].item(), reference[0, k].item(), reference[1, k].item()
+        z = beta * ((pc - rc) - (pr - rr))
+        sig = 1 / (1 + math.exp(-z))
+        assert losses[k].item() == pytest.approx(-(1 - eps) * math.log(sig) - eps * math.log(1 - sig), abs=1e-6)
+        h = (pc - rc) / lengths[0, k].item() - (pr - rr) / lengths[1, k].item()
+        assert ipo[k].item() == pytest.approx((h - 1 / (2 * beta)) ** 2, abs=1e-5)
+        assert metrics["rewards/chosen"][k].item() == pytest.approx(beta * (pc - rc))
+        assert metrics["rewards/margins"][k].item() == pytest.approx(beta * ((pc - rc) - (pr - rr)))
+        assert metrics["rewards/accuracies"][k].item() == float(pc - rc > pr - rr)
+        assert metrics["logps/rejected"][k].item() == pr
+
+
+@pytest.mark.parametrize("loss_type", [LossType.sigmoid, LossType.ipo])
+def test_the_step_loss_equals_a_hand_computation_pair_by_pair(tmp_path, chat_llama, loss_type):
+    rows = preference_rows(12, seed=3)
+    options = {"label_smoothing": 0.2} if loss_type is LossType.sigmoid else {}
+    task, data, _ = dpo_task(tmp_path, chat_llama, rows, beta=0.5, loss_type=loss_type, **options)
+    model = task.build_model()  # the frozen copy is taken here: the starting weights
+    with torch.no_grad():  # the policy moves away from its reference
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    reference = task.reference.model
+    pairs = [data.train[i] for i in range(4)]
+    out = task.step(model, data.collate_fn(pairs))
+    expected = []
+    for pair in pairs:
+        c, r = (pair["chosen_ids"], pair["chosen_labels"]), (pair["rejected_ids"], pair["rejected_labels"])
+        pc, pr, rc, rr = hand_logp(model, *c), hand_logp(model, *r), hand_logp(reference, *c), hand_logp(reference, *r)
+        if loss_type is LossType.sigmoid:
+            z = 0.5 * ((pc - rc) - (pr - rr))
+            expected.append(-0.8 * math.log(1 / (1 + math.exp(-z))) - 0.2 * math.log(1 / (1 + math.exp(z))))
+        else:
+            n_c = sum(label != IGNORE_INDEX for label in c[1][1:])
+            n_r = sum(label != IGNORE_INDEX for label in r[1][1:])
+            expected.append(((pc - rc) / n_c - (pr - rr) / n_r - 1 / (2 * 0.5)) ** 2)
+    assert out.sample_items == 1 and out.sample_losses.shape == (4,)
+    assert out.sample_losses.tolist() == pytest.approx(expected, abs=1e-5)
+    assert abs(out.mean_loss().item() - sum(expected) / 4) < 1e-5
+
+
+def test_the_three_reference_modes_agree_and_the_first_loss_is_ln2(tmp_path, chat_llama):
+    from peft import LoraConfig, get_peft_model
+
+    rows = preference_rows(20, seed=4)
+    found = {}
+    for reference in Reference:
+        task, data, runtime = dpo_task(tmp_path / reference.value, chat_llama, rows, reference=reference)
+        model = task.build_model()
+        if reference is Reference.base:
+            model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+        model.train()
+        batch = data.collate_fn([data.train[i] for i in range(6)])
+        ref = task.reference(model, batch, logps_forward)
+        out = task.step(model, batch)
+        found[reference] = (ref, out.mean_loss().item())
+        if reference is Reference.precomputed:
+            assert runtime.registered == [task.reference] and task.reference.passes == 1
+    values = [ref for ref, _ in found.values()]
+    for other in values[1:]:
+        assert torch.allclose(values[0], other, atol=1e-5, rtol=0)
+    for _, loss in found.values():
+        assert abs(loss - math.log(2)) < 1e-6
+
+
+def test_precomputed_values_come_back_from_the_checkpoint_state_and_are_not_computed_again(tmp_path, chat_llama):
+    from app.tasks.dpo.reference import Precomputed
+
+    rows = preference_rows(16, seed=5)
+    task, data, runtime = dpo_task(tmp_path, chat_llama, rows, reference=Reference.precomputed)
+    model = task.build_model().train()
+    batch = data.collate_fn([data.train[i] for i in range(4)])
+    first = task.step(model, batch).sample_losses
+    saved = runtime.registered[0].state_dict()
+    assert saved["table"].shape == (len(data.train) + len(data.eval), 2)
+    # a resumed run: a new task on the same data, the state loaded, the weights moved on since the start
+    again, _, runtime2 = dpo_task(tmp_path, chat_llama, rows, reference=Reference.precomputed)
+    resumed = again.build_model().train()
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    runtime2.registered[0].load_state_dict(saved)
+    reference = again.reference(resumed, batch, logps_forward)
+    assert torch.equal(reference, logps_forward(model, batch).detach())  # the starting weights' values
+    assert not torch.allclose(reference, logps_forward(resumed, batch).detach())
+    assert isinstance(again.reference, Precomputed) and again.reference.passes == 0
+    assert torch.allclose(first, torch.full_like(first, math.log(2)), atol=1e-6)
+    _, _, runtime3 = dpo_task(tmp_path / "other", chat_llama, preference_rows(16, seed=6),
+                              reference=Reference.precomputed)
+    with pytest.raises(ValueError, match="other pairs"):
+        runtime3.registered[0].load_state_dict(saved)
+
+
+def test_an_export_cannot_be_evaluated_against_values_it_does_not_hold(tmp_path, chat_llama):
+    task, data, _ = dpo_task(tmp_path, chat_llama, preference_rows(8), reference=Reference.precomputed)
+    model = task.build_model().eval()
+    with pytest.raises(ConfigError, match="saved with the run's checkpoints"):
+        task.evaluation_sums(model, data.collate_fn([data.eval[0]]))
+
+
+def test_base_without_adapters_is_refused(tmp_path, chat_llama):
+    task, data, _ = dpo_task(tmp_path, chat_llama, preference_rows(8), reference=Reference.base)
+    with pytest.raises(ConfigError, match="give adapter=lora"):
+        task.step(task.build_model(), data.collate_fn([data.train[0]]))
+
+
+def test_the_explicit_implicit_and_string_forms(tmp_path, chat_llama):
+    explicit, data, _ = dpo_task(tmp_path / "e", chat_llama, preference_rows(10, form="messages"))
+    _, implicit, _ = dpo_task(tmp_path / "i", chat_llama, preference_rows(10, form="implicit"))
+    for key in ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels"):
+        assert data.train[key] == implicit.train[key]
+    assert explicit.conversational
+    tokenizer = explicit.tokenizer
+    row = data.train[0]
+    learnt = [t for t in row["chosen_labels"] if t != IGNORE_INDEX]
+    text = tokenizer.decode(learnt)
+    assert text.endswith("<|im_end|>") and "<|im_start|>" not in text and "what did" not in text
+    strings, text_data, _ = dpo_task(tmp_path / "s", chat_llama, preference_rows(10, form="text"))
+    row = text_data.train[0]
+    assert not strings.conversational
+    assert row["chosen_ids"][0] == tokenizer.bos_token_id and row["chosen_ids"][-1] == tokenizer.eos_token_id
+    learnt = tokenizer.decode([t for t in row["chosen_labels"] if t != IGNORE_INDEX])
+    whole = tokenizer.decode(row["chosen_ids"][1:])
+    assert "?" not in learnt and learnt.endswith(" .</s>") and whole.endswith(learnt)  # the answer and EOS
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"chosen": [{"role": "assistant", "content": " "}]}, "line 3: the 'chosen' answer is empty"),
+    ({"rejected": [{"role": "assistant", "content": "same"}], "chosen": [{"role": "assistant", "content": "same"}]},
+     "line 3: the 'chosen' and 'rejected' answers are identical"),
+    ({"prompt": [{"role": "user", "content": "what did the cat do ? " * 40}]}, "line 3: its prompt is"),
+    ({"rejected": [{"role": "user", "content": "hi"}]}, "line 3: the 'rejected' answer has no assistant turn"),
+])
+def test_a_bad_pair_is_refused_naming_its_file_and_line(tmp_path, chat_llama, change, why):
+    rows = preference_rows(6)
+    rows[2] = {**rows[2], **change}
+    with pytest.raises(ConfigError, match="prefs.jsonl " + why.replace("'", "'")):
+        dpo_task(tmp_path, chat_llama, rows)
+
+
+def test_options_are_checked():
+    for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True}, "packing"),
+                         ({"loss_type": LossType.ipo, "label_smoothing": 0.1}, "label_smoothing")):
+        cfg = DPOConfig(config="x", **options)
+        cfg.data_files.train = "x.jsonl"
+        with pytest.raises(ConfigError, match=why):
+            cfg.check()
+
+
+def test_field_names_and_the_held_out_share_are_the_configs(tmp_path, chat_llama):
+    rows = [{"question": r["prompt"], "good": r["chosen"], "bad": r["rejected"]} for r in preference_rows(30)]
+    task, data, _ = dpo_task(tmp_path, chat_llama, rows, prompt_field="question", chosen_field="good",
+                             rejected_field="bad", eval_fraction=0.2)
+    assert (len(data.train), len(data.eval)) == (24, 6)
+    assert sorted([*data.train["pair"], *data.eval["pair"]]) == list(range(30))
+    assert "train: 30 pairs of" in " | ".join(task.data_summary())
+    with pytest.raises(ConfigError, match="has no 'chosen' or 'rejected' column \\(it has question, good, bad\\)"):
+        dpo_task(tmp_path / "missing", chat_llama, rows)

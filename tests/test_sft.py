@@ -1,0 +1,321 @@
+"""``task=sft`` in-process: what is learnt, found from the chat template alone, for three template
+families and each data format; bad rows and unusable templates refused in one sentence naming file and
+line; best-fit-decreasing packing; packed conversations that never see each other (SDPA and eager, the
+positions path and the explicit 4-D mask), with a 2-D mask shown to contaminate; a model that ignores
+the positions refused; and one optimizer step that is the same at batch 8 and at batch 2 x 4.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from app.config import ConfigError
+from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.causal_lm.task import token_losses
+from app.tasks.sft.attention import check_isolation, model_inputs
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.conversations import Fields
+from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
+from app.tasks.sft.tokens import Recipe, encode_rows
+from tests.helpers.tiny_chat import (
+    COUNTDOWN,
+    END_OF_TURN,
+    NO_END,
+    TEMPLATES,
+    conversations,
+    make_tiny_chat_llama,
+    make_tokenizer,
+    write_jsonl,
+)
+
+FIELDS = Fields("messages", "prompt", "completion", "text")
+
+
+def recipe(data_format: DataFormat, train_on: TrainOn = TrainOn.assistant, block_size: int = 1024,
+           overlong: Overlong = Overlong.truncate) -> Recipe:
+    return Recipe(data_format, FIELDS, train_on, block_size, overlong, "chat.jsonl", lines=True)
+
+
+def encode(tokenizer, rows: list[dict], r: Recipe) -> dict[str, list]:
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    return encode_rows(batch, list(range(len(rows))), tokenizer, r)
+
+
+def learnt_runs(tokenizer, labels: list[int]) -> list[str]:
+    """The learnt tokens, decoded run by run (a run: consecutive learnt tokens)."""
+    runs: list[list[int]] = []
+    previous = IGNORE_INDEX
+    for label in labels:
+        if label != IGNORE_INDEX:
+            if previous == IGNORE_INDEX:
+                runs.append([])
+            runs[-1].append(label)
+        previous = label
+    return [tokenizer.decode(run) for run in runs]
+
+
+def answers(messages: list[dict]) -> list[str]:
+    return [m["content"] for m in messages if m["role"] == "assistant"]
+
+
+# -- what is learnt --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+@pytest.mark.parametrize("train_on", [TrainOn.assistant, TrainOn.last_assistant])
+def test_the_learnt_tokens_are_the_assistant_contents_and_the_end_of_turn_token(family, train_on):
+    """Conversations of 1 to 3 exchanges, half with a system message, in each template family (none of
+    which has generation markers): every learnt run decodes to one answer and the end-of-turn token."""
+    tokenizer = make_tokenizer(TEMPLATES[family])
+    chats = conversations(12, seed=1)
+    out = encode(tokenizer, [{"messages": c} for c in chats], recipe(DataFormat.messages, train_on))
+    eot = END_OF_TURN[family]
+    for chat, ids, labels, learnt in zip(chats, out["input_ids"], out["labels"], out["learnt"], strict=True):
+        expected = [a + eot for a in answers(chat)]
+        if train_on is TrainOn.last_assistant:
+            expected = expected[-1:]
+        # Llama-2's template puts a space before each answer, which BPE merges into the answer's first token
+        assert [run.lstrip(" ") for run in learnt_runs(tokenizer, labels)] == expected
+        assert tokenizer.decode(ids) == tokenizer.apply_chat_template(chat, tokenize=False)
+        assert learnt == sum(label != IGNORE_INDEX for label in labels) > 0
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+def test_prompt_completion_messages_learn_the_completion_and_all_learns_everything(family):
+    tokenizer = make_tokenizer(TEMPLATES[family])
+    chats = conversations(6, seed=2, max_turns=2)
+    rows = [{"prompt": c[:-1], "completion": c[-1:]} for c in chats]
+    for train_on in (TrainOn.completion, TrainOn.assistant):
+        out = encode(tokenizer, rows, recipe(DataFormat.prompt_completion, train_on))
+        for chat, labels in zip(chats, out["labels"], strict=True):
+            assert [r.lstrip(" ") for r in learnt_runs(tokenizer, labels)] == [chat[-1]["content"] + END_OF_TURN[family]]
+    out = encode(tokenizer, rows, recipe(DataFormat.prompt_completion, TrainOn.all))
+    assert out["labels"] == out["input_ids"]
+
+
+def test_string_pairs_and_text_are_framed_by_bos_and_a_learnt_eos():
+    tokenizer = make_tokenizer()
+    rows = [{"prompt": "what did the cat do ?", "completion": " the cat chased the red ball ."}]
+    out = encode(tokenizer, rows, recipe(DataFormat.prompt_completion, TrainOn.completion))
+    ids, labels = out["input_ids"][0], out["labels"][0]
+    assert ids[0] == tokenizer.bos_token_id and ids[-1] == tokenizer.eos_token_id
+    assert learnt_runs(tokenizer, labels) == [" the cat chased the red ball .</s>"]
+    text = encode(tokenizer, [{"text": "the cat chased the red ball ."}], recipe(DataFormat.text))
+    assert text["labels"][0] == [IGNORE_INDEX, *text["input_ids"][0][1:]]  # all but BOS, which nothing predicts
+    assert tokenizer.decode(text["input_ids"][0]) == "<s>the cat chased the red ball .</s>"
+
+
+def test_the_format_is_read_from_the_columns_or_refused_naming_them():
+    assert FIELDS.detect(["messages", "id"], DataFormat.auto, "a.jsonl") is DataFormat.messages
+    assert FIELDS.detect(["prompt", "completion"], DataFormat.auto, "a.jsonl") is DataFormat.prompt_completion
+    assert FIELDS.detect(["text"], DataFormat.auto, "a.jsonl") is DataFormat.text
+    with pytest.raises(ValueError, match="a.jsonl has none of the columns .* \\(it has question, answer\\)"):
+        FIELDS.detect(["question", "answer"], DataFormat.auto, "a.jsonl")
+
+
+# -- refusals --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("template", "why"), [
+    (COUNTDOWN, "does not render a conversation as the concatenation of its turns"),
+    (NO_END, "ends an assistant turn with no special token"),
+])
+def test_a_template_whose_spans_cannot_be_found_is_refused_in_one_sentence(template, why):
+    tokenizer = make_tokenizer(template)
+    with pytest.raises(ConfigError, match=f"The chat template cannot be trained on .*{why}.*chat.jsonl line 1"):
+        encode(tokenizer, [{"messages": c} for c in conversations(2, seed=3)], recipe(DataFormat.messages))
+
+
+@pytest.mark.parametrize(("messages", "why"), [
+    ([{"role": "user", "content": "hi"}, {"content": "hello"}], "message 2 of 'messages' has no 'role'"),
+    ([{"role": "user"}, {"role": "assistant", "content": "hello"}], "message 1 of 'messages' has no 'content'"),
+    ([{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+     "message 1 of 'messages' has the role 'robot', not one of system, user, assistant"),
+    ([{"role": "user", "content": "hi"}], "it has no assistant turn to learn \\(task.train_on=assistant\\)"),
+])
+def test_a_bad_row_is_refused_naming_its_file_and_line(messages, why):
+    tokenizer = make_tokenizer()
+    good = {"messages": conversations(1)[0]}
+    with pytest.raises(ConfigError, match=f"^chat.jsonl line 2: {why}\\.$"):
+        encode(tokenizer, [good, {"messages": messages}, good], recipe(DataFormat.messages))
+
+
+def test_a_template_that_renders_an_unknown_role_refuses_the_row():
+    """Llama-2's template raises on a role it does not know (here a valid one it lacks: none; so a
+    template that only knows user and assistant, given a system message)."""
+    tokenizer = make_tokenizer(TEMPLATES["llama2"].replace("{% if m['role'] == 'system' %}", "{% if false %}"))
+    with pytest.raises(ConfigError, match="^chat.jsonl line 1: the chat template refuses it \\(unknown role system\\)"):
+        encode(tokenizer, [{"messages": [{"role": "system", "content": "be brief ."}, *conversations(1)[0]]}],
+               recipe(DataFormat.messages))
+
+
+def test_an_overlong_conversation_is_cut_dropped_or_refused_by_config():
+    tokenizer = make_tokenizer()
+    chat = conversations(1, seed=4, max_turns=1)[0]
+    whole = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages))
+    n = len(whole["input_ids"][0])
+    cut = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages, block_size=n - 3))
+    assert cut["input_ids"][0] == whole["input_ids"][0][:n - 3] and cut["cut"] == [1] and cut["learnt"][0] > 0
+    dropped = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages, block_size=n - 3,
+                                                             overlong=Overlong.drop))
+    assert dropped["learnt"] == [0]
+    with pytest.raises(ConfigError, match=f"^chat.jsonl line 1 is {n} tokens long, more than task.block_size={n - 3}"):
+        encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages, block_size=n - 3,
+                                                       overlong=Overlong.refuse))
+
+
+def test_train_on_completion_with_conversations_is_refused_when_composed():
+    with pytest.raises(ConfigError, match="task.train_on=completion needs prompt/completion data"):
+        SFTConfig(config="llama", data_files=SFTConfig().data_files.__class__(train="a.jsonl"),
+                  format=DataFormat.messages, train_on=TrainOn.completion).check()
+
+
+# -- packing ---------------------------------------------------------------------------------------------
+
+
+def test_best_fit_decreasing_packs_every_conversation_once_into_few_rows():
+    import random
+
+    rng = random.Random(0)
+    lengths = [rng.randint(5, 120) for _ in range(300)]
+    bins = best_fit_decreasing(lengths, 128)
+    assert sorted(i for b in bins for i in b) == list(range(300))
+    assert all(sum(lengths[i] for i in b) <= 128 for b in bins)
+    assert len(bins) <= -(-sum(lengths) // 128) * 1.05  # within 5 % of the lower bound
+
+
+@pytest.fixture(scope="module")
+def chat_llama(tmp_path_factory) -> Path:
+    return make_tiny_chat_llama(tmp_path_factory.mktemp("chat_llama"), hidden=32, layers=2)
+
+
+def tiny_model(folder: Path, attention: str) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder), attn_implementation=attention).eval()
+
+
+def packed_batch(tokenizer, train_on: TrainOn = TrainOn.assistant):
+    """Nine conversations of different lengths packed into rows of 160 tokens, and the same one per row."""
+    import datasets
+
+    out = encode(tokenizer, [{"messages": c} for c in conversations(9, seed=5)], recipe(DataFormat.messages, train_on))
+    rows = datasets.Dataset.from_dict({"input_ids": out["input_ids"], "labels": out["labels"]})
+    packed = PackedRows(rows, 160)
+    assert len(packed) < 9 and packed.conversations() == 9
+    pad = tokenizer.eos_token_id
+    return packed, SFTCollator(pad, 160)([packed[i] for i in range(len(packed))]), [rows[i] for i in range(9)], pad
+
+
+def per_conversation_losses(model, batch, explicit_mask: bool = False) -> dict[tuple[int, ...], float]:
+    """Each conversation's summed learnt-token loss, keyed by its token ids."""
+    with torch.no_grad():
+        logits = model(**model_inputs(batch, explicit_mask, torch.float32), use_cache=False).logits
+    losses, _ = token_losses(logits, batch["labels"])
+    out = {}
+    for row in range(batch["input_ids"].shape[0]):
+        starts = (batch["position_ids"][row] == 0).nonzero().flatten().tolist() if "position_ids" in batch else [0]
+        ends = [*starts[1:], batch["input_ids"].shape[1]]
+        for s, e in zip(starts, ends, strict=True):
+            ids = batch["input_ids"][row, s:e]
+            if "attention_mask" in batch and "position_ids" not in batch:
+                ids = ids[batch["attention_mask"][row, s:e].bool()]
+            out[tuple(ids.tolist())] = float(losses[row, s:e].double().sum())
+    return out
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("explicit_mask", [False, True], ids=["positions", "4d_mask"])
+def test_packing_changes_nothing_but_speed(chat_llama, attention, explicit_mask):
+    """Each conversation's summed loss in packed rows equals the same conversation alone in a padded
+    batch within 1e-5; with a 2-D mask (all ones) the packed rows are contaminated, and this shows it."""
+    tokenizer = make_tokenizer()
+    model = tiny_model(chat_llama, attention)
+    _, batch, rows, pad = packed_batch(tokenizer)
+    packed = per_conversation_losses(model, batch, explicit_mask)
+    alone = per_conversation_losses(model, SFTCollator(pad)(rows))
+    conversations_alone = {k: v for k, v in alone.items()}
+    paddings = [k for k in packed if k not in conversations_alone]  # each row's padding tail
+    assert all(packed[k] == 0.0 for k in paddings)
+    assert len(packed) - len(paddings) == 9
+    for key, loss in conversations_alone.items():
+        assert packed[key] == pytest.approx(loss, abs=1e-5, rel=1e-6)
+    contaminated = per_conversation_losses(model, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])})
+    gaps = [abs(contaminated[k] - loss) for k, loss in conversations_alone.items()]
+    assert max(gaps) > 1e-2  # the 2-D mask turns the packed-sequence detection off: conversations see each other
+
+
+def test_the_engine_loss_of_a_packed_batch_counts_the_same_tokens(chat_llama):
+    """train_on=all: a conversation's first token is learnt alone but predicted by nothing, so packed
+    it must not become the previous conversation's target: the same tokens count packed and apart."""
+    tokenizer = make_tokenizer()
+    _, batch, rows, pad = packed_batch(tokenizer, TrainOn.all)
+    apart = SFTCollator(pad)(rows)
+    targets = [b["labels"][:, 1:] for b in (batch, apart)]  # what the loss predicts (token_losses' shift)
+    assert (targets[0] != IGNORE_INDEX).sum() == (targets[1] != IGNORE_INDEX).sum() > 0
+
+
+class IgnoresPositions(nn.Module):
+    """A model whose attention does not follow per-conversation positions (custom code would be one)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return self.model(input_ids=input_ids, use_cache=use_cache)
+
+
+def test_a_model_that_would_let_packed_conversations_meet_is_refused(chat_llama):
+    model = tiny_model(chat_llama, "sdpa")
+    check_isolation(model, explicit_mask=False)
+    check_isolation(model, explicit_mask=True)
+    with pytest.raises(ConfigError, match="lets a packed conversation attend to the one before it.*task.packing=false"):
+        check_isolation(IgnoresPositions(model), explicit_mask=False)
+
+
+# -- the run, in process ---------------------------------------------------------------------------------
+
+
+class OneProcess:
+    """The runtime as a task sees it in build_data, on one process."""
+
+    is_main_process = True
+    static_shapes = False
+
+    def main_process_first(self):
+        return nullcontext()
+
+    def register_for_checkpointing(self, *objects) -> None:
+        pass
+
+
+def test_build_data_reads_holds_out_and_says_what_was_dropped(tmp_path, chat_llama):
+    from app.tasks.sft.task import SFTTask
+
+    chats = conversations(40, seed=6)
+    rows = [{"messages": c} for c in chats] + [{"messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": ""}]}]
+    train = write_jsonl(tmp_path / "chat.jsonl", rows)
+    cfg = SFTConfig(config=str(chat_llama), cache_dir=str(tmp_path / "cache"), block_size=256, packing=True)
+    cfg.data_files.train = str(train)
+    task = SFTTask(cfg)
+    data = task.build_data(OneProcess())
+    assert isinstance(data.train, PackedRows) and isinstance(data.eval, PackedRows)
+    assert data.train.conversations() + data.eval.conversations() == 41  # the empty answer still learns <|im_end|>
+    assert data.eval.conversations() == 5  # ceil(0.1 * 41)
+    summary = " | ".join(task.data_summary())
+    assert "train: 41 conversations of" in summary and "packed: 36 training conversations into" in summary
+    model = task.build_model()
+    batch = data.collate_fn([data.train[0], data.train[1]])
+    out = task.step(model, batch)
+    assert out.sample_items.tolist() == [(t != IGNORE_INDEX).sum().item() for t in batch["labels"][:, 1:]]
