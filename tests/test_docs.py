@@ -188,7 +188,7 @@ def fill(command: DocCommand, fx: dict[str, Path]) -> str:
         (r"outputs/(?:<date>/<time>|2026-11-29/13-13-57|\.\.\.)", run),
         (r"checkpoint_<N>", checkpoint.name),
         (r"<checkpoint>", checkpoint),
-        (r"<(?:model|model folder|model folder or hub name|MiniLM|MiniLM folder|all-MiniLM-L6-v2 folder)>",
+        (r"<(?:model|model folder|model folder or hub name|folder or hub name|base model|sft model|MiniLM|MiniLM folder|all-MiniLM-L6-v2 folder)>",
          fx["model"]),
         (r"<(?:GLUE MRPC folder|GLUE MRPC|folder|glue_data)>", fx["data"]),
         (r"<(?:config folder|hub name or folder)>", fx["config"]),

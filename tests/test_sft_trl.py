@@ -18,8 +18,8 @@ from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.sft.config import DataFormat, TrainOn
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.task import SFTTask
-from tests.test_sft import encode, recipe
 from tests.helpers.tiny_chat import conversations, make_tokenizer
+from tests.test_sft import encode, recipe
 
 trl = pytest.importorskip("trl", reason="trl (the test-only conformance reference of task=sft) is not installed")
 
