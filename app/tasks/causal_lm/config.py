@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from app.config import ConfigError, TaskConfig
 
@@ -25,6 +25,9 @@ class LMDataFiles:
 @dataclass
 class CausalLMConfig(TaskConfig):
     """A Transformers causal language model (``AutoModelForCausalLM``) trained on text."""
+
+    DATA_NEEDED: ClassVar[str] = "text"
+    DATA_FILES: ClassVar[str] = "plain text, one document per line; JSON Lines; parquet..."
 
     name: str = "causal_lm"
     # -- data: data_files.train, else dataset ----------------------------------------------------------
@@ -83,8 +86,8 @@ class CausalLMConfig(TaskConfig):
         if self.data_files.train is None and self.data_files.validation is not None:
             raise ConfigError("task.data_files.validation needs task.data_files.train too.")
         if self.data_files.train is None and self.dataset is None:
-            raise ConfigError(f"task={self.name} needs text: task.data_files.train=<file> (plain text, one document per "
-                              "line; JSON Lines; parquet...) or task.dataset=<hub name or folder>.")
+            raise ConfigError(f"task={self.name} needs {self.DATA_NEEDED}: task.data_files.train=<file> "
+                              f"({self.DATA_FILES}) or task.dataset=<hub name or folder>.")
         if self.streaming:
             train = self.data_files.train
             if train is None or Path(train).suffix.lower() not in STREAMED_SUFFIXES:

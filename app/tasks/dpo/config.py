@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from app.config import ConfigError
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
@@ -34,6 +35,9 @@ class Reference(str, enum.Enum):
 @dataclass
 class DPOConfig(SFTConfig):
     """Preference tuning of an ``AutoModelForCausalLM`` on prompt/chosen/rejected pairs."""
+
+    DATA_NEEDED: ClassVar[str] = "preference pairs"
+    DATA_FILES: ClassVar[str] = "JSON Lines, JSON, parquet... of prompt/chosen/rejected"
 
     name: str = "dpo"
     chosen_field: str = "chosen"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from app.config import ConfigError
 from app.tasks.causal_lm.config import CausalLMConfig
@@ -46,6 +47,9 @@ class Overlong(str, enum.Enum):
 @dataclass
 class SFTConfig(CausalLMConfig):
     """Instruction tuning of an ``AutoModelForCausalLM`` on conversations or prompt/completion pairs."""
+
+    DATA_NEEDED: ClassVar[str] = "conversations"
+    DATA_FILES: ClassVar[str] = "JSON Lines, JSON, parquet... of messages, prompt/completion pairs or text"
 
     name: str = "sft"
     format: DataFormat = DataFormat.auto
