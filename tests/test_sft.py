@@ -21,7 +21,7 @@ from app.tasks.sft.attention import check_isolation, model_inputs
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
-from app.tasks.sft.tokens import Recipe, encode_rows
+from app.tasks.sft.tokens import Recipe, encode_rows, first_error
 from tests.tiny_chat import (
     COUNTDOWN,
     END_OF_TURN,
@@ -42,8 +42,11 @@ def recipe(data_format: DataFormat, train_on: TrainOn = TrainOn.assistant, block
 
 
 def encode(tokenizer, rows: list[dict], r: Recipe) -> dict[str, list]:
+    """``encode_rows`` on one batch, its first refusal raised (as ``tokenize_split`` does after the map)."""
     batch = {key: [row[key] for row in rows] for key in rows[0]}
-    return encode_rows(batch, list(range(len(rows))), tokenizer, r)
+    out = encode_rows(batch, list(range(len(rows))), tokenizer, r)
+    first_error(out)
+    return out
 
 
 def learnt_runs(tokenizer, labels: list[int]) -> list[str]:

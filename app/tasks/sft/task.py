@@ -97,7 +97,8 @@ class SFTTask(CausalLMTask):
             data, dropped, cut = tokenize_split(split, name, self.tokenizer, cfg, self.data_format, root)
             rows[name] = Split(data, digest(split.fingerprint, "sft-rows"), split.origin)
             summaries.append((name, split, dropped, cut))
-        if "validation" not in rows:
+        held_out = "validation" not in rows
+        if held_out:
             rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
         for name in ("train", "validation"):
             if len(rows[name].data) == 0:
@@ -105,6 +106,9 @@ class SFTTask(CausalLMTask):
                                   f"(task.train_on={cfg.train_on.value}).")
         train_rows, eval_rows = rows["train"].data, rows["validation"].data
         self._splits_read = [self._describe(*summary) for summary in summaries]
+        if held_out:
+            self._splits_read.append(f"evaluation: {len(eval_rows):,} of them held out (task.eval_fraction="
+                                     f"{cfg.eval_fraction}, task.split_seed={cfg.split_seed})")
         if cfg.packing:
             packed_train, packed_eval = PackedRows(train_rows, cfg.block_size), PackedRows(eval_rows, cfg.block_size)
             self._splits_read.append(f"packed: {len(train_rows):,} training conversations into {len(packed_train):,} "
