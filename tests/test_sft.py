@@ -322,3 +322,14 @@ def test_build_data_reads_holds_out_and_says_what_was_dropped(tmp_path, chat_lla
     batch = data.collate_fn([data.train[0], data.train[1]])
     out = task.step(model, batch)
     assert out.sample_items.tolist() == [(t != IGNORE_INDEX).sum().item() for t in batch["labels"][:, 1:]]
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+def test_an_answer_its_turns_frame_also_holds_is_located_by_the_marker(family):
+    """An answer such as "s" stands twice in Llama-2's turn " s</s>" (and "|" in ChatML's markers): the
+    content is then located from the turn rendered with a marker as its content."""
+    tokenizer = make_tokenizer(TEMPLATES[family])
+    for answer in ("s", "im", "|", "assistant"):
+        chat = [{"role": "user", "content": "what did the cat do ?"}, {"role": "assistant", "content": answer}]
+        out = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages))
+        assert [r.lstrip(" ") for r in learnt_runs(tokenizer, out["labels"][0])] == [answer + END_OF_TURN[family]]
