@@ -10,14 +10,26 @@ ChatML template, spans found by rendering prefix by prefix (``app/tasks/sft/toke
 ``{% generation %}`` markers and ``assistant_only_loss=True`` (what it needs for the same mask), timed
 as ``SFTTrainer``'s construction on a 1-layer model (its dataset preparation is nearly all of it).
 
-    python bench/sft.py [--conversations 2000] [--turns 6] [--rounds 3]
+Training (``--train-steps`` > 0, after the data preparation rounds): learnt tokens per second over
+the steps after the first ``--log-every`` (warm-up), ours (``app.engine.run``, in-process, the engine's
+own ``train/tokens_per_s`` windows: tokens whose label is not -100) against ``SFTTrainer.train()``
+(the same count, taken from each batch its collator makes, timed at the same steps by a callback),
+alternating, median of the rounds' ratios. Held equal: the model (a Llama of ``--hidden``/``--layers``,
+float32, the same saved random weights), the conversations (the first ``--train-conversations``), one
+conversation per row padded per batch (``packing`` off in both), batch ``--batch``, AdamW at lr 2e-5,
+linear schedule with 5 % warm-up, clipping at 1.0, one torch thread, no checkpoints. Not equal, each
+side's defaults: TRL computes entropy and token accuracy at every step (host reads); ours reads the
+loss at log steps only.
 
-Not measured yet (issue 38): training tokens/s against SFTTrainer, and peak memory of a chunked loss.
+    python bench/sft.py [--conversations 2000] [--turns 6] [--rounds 3] [--train-steps 60] [--batch 8]
+
+Not measured yet (issue 38): peak memory of a chunked loss.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import statistics
 import sys
@@ -33,6 +45,12 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--train-steps", type=int, default=60, help="0: no training comparison")
+    parser.add_argument("--train-conversations", type=int, default=600)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     import datasets
@@ -83,6 +101,89 @@ def main() -> None:
         print(f"round {r + 1}: ours {a:,.0f} conversations/s, TRL's {b:,.0f}: ratio {a / b:.2f}")
     print(f"data preparation, {args.conversations} conversations of up to {args.turns} exchanges: "
           f"ours / TRL's = {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
+    if args.train_steps > 0:
+        training(args, rows[:args.train_conversations])
+
+
+def training(args: argparse.Namespace, rows: list[dict]) -> None:
+    """Learnt tokens/s of ours against ``SFTTrainer.train()`` (see the module's docstring)."""
+    import json
+
+    import datasets
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, TrainerCallback
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
+
+    from app.engine.run import run
+    from tests.conftest import compose_config
+    from tests.test_sft_trl import CHATML_WITH_MARKERS
+    from tests.tiny_chat import make_tiny_chat_llama, make_tokenizer, write_jsonl
+
+    lr, block, steps, every = 2e-5, 1024, args.train_steps, args.log_every
+    warm = max(1, steps // 20)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = make_tiny_chat_llama(root / "model", hidden=args.hidden, layers=args.layers, heads=4, kv_heads=2)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
+        train = write_jsonl(root / "train.jsonl", rows)
+        validation = write_jsonl(root / "val.jsonl", rows[:8])
+        data = datasets.Dataset.from_list(rows)
+
+        def ours() -> float:
+            out = root / f"ours-{time.time_ns()}"
+            out.mkdir()
+            run(compose_config(
+                "task=sft", f"task.model={model_dir}", f"task.data_files.train={train}",
+                f"task.data_files.validation={validation}", "task.packing=false", f"task.block_size={block}",
+                f"task.cache_dir={root / 'cache'}", f"trainer.batch_size={args.batch}", f"trainer.max_steps={steps}",
+                f"trainer.log_every_n_steps={every}", f"optim.lr={lr}", "scheduler=linear", f"scheduler.warmup_steps={warm}",
+                "trainer.max_grad_norm=1.0", "hardware.num_threads=1", "logging.trackers=[]",
+                "logging.progress_bar=false", "logging.print_config=false", "checkpoint.every_epoch=false",
+                "checkpoint.save_final_model=false", "early_stopping.patience=null"), out)
+            rows_ = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            windows = [r["train/tokens_per_s"] for r in rows_ if r.get("train/tokens_per_s")]
+            return statistics.mean(windows[1:])
+
+        def theirs() -> float:
+            torch.set_num_threads(1)
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+            options = TRLConfig(output_dir=str(root / "trl"), report_to=[], max_length=block, use_cpu=True,
+                                assistant_only_loss=True, packing=False, per_device_train_batch_size=args.batch,
+                                max_steps=steps, logging_steps=every, save_strategy="no", learning_rate=lr,
+                                lr_scheduler_type="linear", warmup_steps=warm, max_grad_norm=1.0,
+                                dataloader_num_workers=0, disable_tqdm=True, seed=42)
+            trainer = SFTTrainer(model=model, args=options, train_dataset=data,
+                                 processing_class=make_tokenizer(CHATML_WITH_MARKERS))
+            collate = trainer.data_collator
+            counted = {"tokens": 0}
+
+            def counting(features: list) -> dict:
+                batch = collate(features)
+                counted["tokens"] += int((batch["labels"] != -100).sum())
+                return batch
+
+            marks: list[tuple[float, int]] = []
+
+            class Windows(TrainerCallback):  # type: ignore[misc]
+                def on_step_end(self, _args, state, control, **kwargs):
+                    if state.global_step % every == 0:
+                        marks.append((time.perf_counter(), counted["tokens"]))
+
+            trainer.data_collator = counting
+            trainer.add_callback(Windows())
+            trainer.train()
+            rates = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(marks)]
+            return statistics.mean(rates)
+
+        ratios = []
+        for r in range(args.rounds):
+            a, b = (ours(), theirs()) if r % 2 == 0 else (theirs(), ours())[::-1]
+            ratios.append(a / b)
+            print(f"training round {r + 1}: ours {a:,.0f} learnt tokens/s, TRL's {b:,.0f}: ratio {a / b:.2f}", flush=True)
+        print(f"training, {len(rows)} conversations, batch {args.batch}, {steps} steps, Llama {args.hidden} wide x "
+              f"{args.layers} layers: ours / TRL's = {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
 
 
 if __name__ == "__main__":
