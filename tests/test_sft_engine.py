@@ -149,7 +149,8 @@ def test_bf16_with_gradient_checkpointing_trains_exports_and_evaluates(tmp_path,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run, args = short_run(tmp_path, "bf16", chat, "optim.lr=1e-2", "precision=bf16", "trainer.gradient_checkpointing=true")
-    assert "gradient checkpointing: LlamaForCausalLM." in (run / "app.log").read_text()
+    log = (run / "app.log").read_text()
+    assert "gradient checkpointing: LlamaForCausalLM." in log and "precision bf16," in log
     exported = run / "model"
     assert (exported / "model.safetensors").is_file() and (exported / "tokenizer_config.json").is_file()
     tokenizer = AutoTokenizer.from_pretrained(exported)
