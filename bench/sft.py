@@ -21,9 +21,15 @@ linear schedule with 5 % warm-up, clipping at 1.0, one torch thread, no checkpoi
 side's defaults: TRL computes entropy and token accuracy at every step (host reads); ours reads the
 loss at log steps only.
 
-    python bench/sft.py [--conversations 2000] [--turns 6] [--rounds 3] [--train-steps 60] [--batch 8]
+Peak memory of the loss (first, ``--memory-only`` for it alone): one forward and backward of a Llama
+whose body is tiny (``--memory-hidden`` wide, one layer) so that the vocabulary-sized logits dominate,
+at vocabulary ``--vocab`` (32k) and block ``--block`` (2048), batch 1, float32, each in its own process
+(``--memory-worker``): the plain loss (``task.loss_chunk=0``: the whole block's logits at once) against
+the chunked one (``task.loss_chunk``, ``--chunk``), through ``SFTTask.step`` both. Peak resident memory
+(``ru_maxrss``) of the step, less the process's peak before it (the imports, the model, the batch).
 
-Not measured yet (issue 38): peak memory of a chunked loss.
+    python bench/sft.py [--conversations 2000] [--turns 6] [--rounds 3] [--train-steps 60] [--batch 8]
+    python bench/sft.py --memory-only [--vocab 32000] [--block 2048] [--chunk 256]
 """
 
 from __future__ import annotations
@@ -51,8 +57,20 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--block", type=int, default=2048)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--memory-hidden", type=int, default=64)
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--memory-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
+    if args.memory_worker is not None:
+        memory_worker(args, args.memory_worker)
+        return
+    memory(args)
+    if args.memory_only:
+        return
     import datasets
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -103,6 +121,65 @@ def main() -> None:
           f"ours / TRL's = {statistics.median(ratios):.2f} (median of {args.rounds} rounds)")
     if args.train_steps > 0:
         training(args, rows[:args.train_conversations])
+
+
+def memory(args: argparse.Namespace) -> None:
+    """The step's peak memory, plain loss against chunked, each in a fresh process (see the docstring)."""
+    import json
+    import subprocess
+
+    peaks = {}
+    for chunk in (0, args.chunk):
+        out = subprocess.run([sys.executable, __file__, "--memory-worker", str(chunk), "--vocab", str(args.vocab),
+                              "--block", str(args.block), "--memory-hidden", str(args.memory_hidden)],
+                             check=True, capture_output=True, text=True).stdout
+        peaks[chunk] = json.loads(out.strip().splitlines()[-1])
+        p = peaks[chunk]
+        print(f"loss memory, {'plain' if chunk == 0 else f'chunked by {chunk}'}: step peak {p['step_mib']:,.0f} MiB "
+              f"above the process's {p['before_mib']:,.0f} MiB (process peak {p['peak_mib']:,.0f} MiB; loss "
+              f"{p['loss']:.6f})")
+    plain, chunked = peaks[0], peaks[args.chunk]
+    print(f"loss memory at vocabulary {args.vocab}, block {args.block}: chunked / plain = "
+          f"{chunked['step_mib'] / plain['step_mib']:.2f} (the step's peak; whole process: "
+          f"{chunked['peak_mib'] / plain['peak_mib']:.2f}); the losses differ by {abs(chunked['loss'] - plain['loss']):.1e}")
+
+
+def memory_worker(args: argparse.Namespace, chunk: int) -> None:
+    import json
+    import resource
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from app.tasks.causal_lm.config import LMDataFiles
+    from app.tasks.sft.config import SFTConfig
+    from app.tasks.sft.task import SFTTask
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    hidden = args.memory_hidden
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                         max_position_embeddings=args.block, tie_word_embeddings=False))
+    task = SFTTask(SFTConfig(config="unused", data_files=LMDataFiles(train="unused.jsonl"), loss_chunk=chunk))
+    ids = torch.randint(0, args.vocab, (1, args.block))
+    labels = ids.clone()
+    labels[:, : args.block // 4] = -100  # a prompt not learnt
+    batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+    task._loss_chunk = chunk  # what build_model sets once chunking_holds(model, chunk)
+
+    def kib() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    with torch.no_grad():  # the allocator warmed on a small batch, not counted
+        task.step(model, {k: v[:, :8] for k, v in batch.items()})
+    before = kib()
+    out = task.step(model, batch)
+    loss = out.sample_losses.sum() / out.sample_items.sum()
+    loss.backward()
+    peak = kib()
+    print(json.dumps({"before_mib": before / 1024, "peak_mib": peak / 1024, "step_mib": (peak - before) / 1024,
+                      "loss": float(loss)}))
 
 
 def training(args: argparse.Namespace, rows: list[dict]) -> None:

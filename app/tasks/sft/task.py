@@ -10,6 +10,7 @@ per learnt token and ``eval/token_accuracy``, with no logits gathered.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs
+from app.tasks.sft.chunked import chunking_holds, losses_from_head, shifted_targets
 from app.tasks.sft.config import DataFormat, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator
@@ -37,6 +39,8 @@ from app.tasks.text.tokenization import cache_root
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+logger = logging.getLogger(__name__)
+
 
 class SFTTask(CausalLMTask):
     metric_names = ("loss", "perplexity", "token_accuracy")
@@ -48,6 +52,10 @@ class SFTTask(CausalLMTask):
         self.end_of_turn: str | None = None
         """The token that ends an assistant turn (the export's generation stops there too)."""
         self._explicit_mask = False
+        self._loss_chunk = 0
+        self._prompts: list[tuple[list[int], list[int]]] = []
+        """``task.sample_prompts``: the first evaluation conversations' prompts and their learnt answers."""
+        """``task.loss_chunk`` once :func:`chunking_holds` for the built model, else 0 (the plain loss)."""
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -105,6 +113,7 @@ class SFTTask(CausalLMTask):
                 raise ConfigError(f"{rows[name].origin} has no conversation with a token to learn "
                                   f"(task.train_on={cfg.train_on.value}).")
         train_rows, eval_rows = rows["train"].data, rows["validation"].data
+        self._prompts = sample_prompts(eval_rows, cfg.sample_prompts)
         self._splits_read = [self._describe(*summary) for summary in summaries]
         if held_out:
             self._splits_read.append(f"evaluation: {len(eval_rows):,} of them held out (task.eval_fraction="
@@ -161,26 +170,40 @@ class SFTTask(CausalLMTask):
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
         if self.cfg.packing:
             check_isolation(model, self._explicit_mask)
+        chunk = self.cfg.loss_chunk
+        self._loss_chunk = chunk if chunk and chunking_holds(model, chunk) else 0
+        if chunk and not self._loss_chunk:
+            logger.warning("%s changes its logits after its output layer: the loss is computed on the whole "
+                           "block's logits at once (task.loss_chunk is not used).", type(model).__name__)
         return model
 
-    def _forward(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _forward(self, model: nn.Module, batch: Any, hits: bool = False
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Each position's loss (0 where nothing is learnt), its target, and (``hits``) whether the argmax
+        is the target; by chunks of ``task.loss_chunk`` positions unless the plain loss is in use."""
         dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
-        logits = model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
+        inputs = model_inputs(batch, self._explicit_mask, dtype)
+        if self._loss_chunk:
+            with losses_from_head(model, batch["labels"], self._loss_chunk):
+                out = model(**inputs, use_cache=False).logits
+            return out[..., 0], shifted_targets(batch["labels"]), out[..., 1].detach() if hits else None
+        logits = model(**inputs, use_cache=False).logits
         losses, targets = token_losses(logits, batch["labels"])
-        return logits, losses, targets
+        return losses, targets, (logits.argmax(dim=-1) == targets) if hits else None
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """Per row, the summed loss of its learnt tokens and their number (the engine normalises by the
         learnt tokens of the whole optimizer step)."""
-        _, losses, targets = self._forward(model, batch)
+        losses, targets, _ = self._forward(model, batch)
         return StepOutput(sample_losses=losses.sum(dim=1), sample_items=(targets != IGNORE_INDEX).sum(dim=1))
 
     def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Per row: the summed loss of its learnt tokens, their count, and how many the model predicts
         exactly (argmax), all on the device."""
-        logits, losses, targets = self._forward(model, batch)
+        losses, targets, hits = self._forward(model, batch, hits=True)
+        assert hits is not None
         learnt = targets != IGNORE_INDEX
-        correct = ((logits.argmax(dim=-1) == targets) & learnt).sum(dim=1)
+        correct = (hits.bool() & learnt).sum(dim=1)
         return {"loss_sum": losses.sum(dim=1), "tokens": learnt.sum(dim=1), "correct": correct}
 
     def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
@@ -191,6 +214,30 @@ class SFTTask(CausalLMTask):
         """Not called (the engine reduces :meth:`evaluation_sums`)."""
         totals = logits.double().sum(dim=0).tolist()
         return self.metrics_from_sums(dict(zip(("loss_sum", "tokens", "correct"), totals, strict=False)))
+
+    # -- samples -------------------------------------------------------------------------------------------
+
+    def evaluation_samples(self, model: nn.Module, device: torch.device) -> list[dict[str, str]]:
+        """``task.sample_prompts``: each prompt (an evaluation conversation up to its first learnt token),
+        completed greedily up to ``task.max_new_tokens`` or the end of the turn, and the answer it was
+        trained towards."""
+        if not self._prompts:
+            return []
+        tokenizer = self.tokenizer
+        stops = [t for t in (tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(self.end_of_turn)
+                             if self.end_of_turn is not None else None) if isinstance(t, int)]
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else 0)
+        rows = []
+        with torch.no_grad():
+            for prompt, answer in self._prompts:
+                ids = torch.tensor([prompt], device=device)
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),  # type: ignore[operator]
+                                     max_new_tokens=self.cfg.max_new_tokens, do_sample=False,
+                                     eos_token_id=stops or None, pad_token_id=pad)
+                rows.append({"prompt": str(tokenizer.decode(prompt)),
+                             "completion": str(tokenizer.decode(out[0, len(prompt):])),
+                             "reference": str(tokenizer.decode(answer))})
+        return rows
 
     # -- export and card -----------------------------------------------------------------------------------
 
@@ -217,3 +264,20 @@ class SFTTask(CausalLMTask):
         facts["trained on"] = f"{cfg.train_on.value} tokens" + (", packed" if cfg.packing else "")
         return facts
 
+
+
+def sample_prompts(rows: Any, count: int) -> list[tuple[list[int], list[int]]]:
+    """The first ``count`` rows that have a prompt: each row's tokens before its first learnt one, and its
+    first run of learnt tokens (the answer, its end-of-turn token included)."""
+    prompts: list[tuple[list[int], list[int]]] = []
+    for index in range(len(rows)):
+        if len(prompts) >= count:
+            break
+        row = rows[index]
+        ids, labels = list(row["input_ids"]), list(row["labels"])
+        first = next((i for i, label in enumerate(labels) if label != IGNORE_INDEX), None)
+        if not first:  # nothing learnt, or learnt from the first token: no prompt
+            continue
+        end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
+        prompts.append((ids[:first], ids[first:end]))
+    return prompts
