@@ -83,5 +83,6 @@ class SFTConfig(CausalLMConfig):
         if self.train_on is TrainOn.completion and self.format in (DataFormat.messages, DataFormat.text):
             raise ConfigError(f"task.train_on=completion needs prompt/completion data, and task.format="
                               f"{self.format.value}; use task.train_on=assistant or last_assistant.")
-        if self.streaming:
-            raise ConfigError("task=sft reads its data map-style (task.streaming=true is not supported yet).")
+        if self.streaming and not str(self.data_files.train).lower().endswith(".jsonl"):
+            raise ConfigError("task=sft with task.streaming=true reads a JSON Lines file line by line: give "
+                              "task.data_files.train=<.jsonl file>.")

@@ -10,6 +10,8 @@ per learnt token and ``eval/token_accuracy``, with no logits gathered.
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +24,7 @@ from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.causal_lm.stream import READ_AHEAD
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs
 from app.tasks.sft.chunked import chunking_holds, losses_from_head, shifted_targets
@@ -29,8 +32,9 @@ from app.tasks.sft.config import DataFormat, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator
 from app.tasks.sft.spans import SpanFinder, UnusableTemplate
+from app.tasks.sft.stream import ConversationStream, first_records
 from app.tasks.sft.templates import install_chat_template
-from app.tasks.sft.tokens import tokenize_split
+from app.tasks.sft.tokens import Recipe, encode_rows, first_error, tokenize_split
 from app.tasks.text.models import load_tokenizer
 from app.tasks.text.sources import Split, check_data_files, load_dataset_splits, read_file
 from app.tasks.text.task import digest, run_main_first
@@ -78,12 +82,12 @@ class SFTTask(CausalLMTask):
             import datasets
 
             datasets.disable_progress_bars()
-        train, evaluation = run_main_first(runtime, self._prepare)
+        train, evaluation = run_main_first(runtime, self._streamed if self.cfg.streaming else self._prepare)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._explicit_mask = runtime.static_shapes
         fixed = self.cfg.block_size if self.cfg.packing or runtime.static_shapes else None
-        lengths = None if self.cfg.packing else [len(ids) for ids in train["input_ids"]]
+        lengths = None if self.cfg.packing or self.cfg.streaming else [len(ids) for ids in train["input_ids"]]
         return TaskData(train=train, eval=evaluation, collate_fn=SFTCollator(pad if pad is not None else 0, fixed),
                         train_lengths=lengths)
 
@@ -125,6 +129,55 @@ class SFTTask(CausalLMTask):
                                      f"{len(packed_eval):,}")
             return packed_train, packed_eval
         return train_rows, eval_rows
+
+    def _streamed(self) -> tuple[ConversationStream, Any]:
+        """The training file as a stream of rows (``stream.ConversationStream``); evaluation: the
+        validation file, else the file's first ``task.eval_documents`` records (held out of the stream)."""
+        import datasets
+
+        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
+        assert cfg.data_files.train is not None  # the schema's check for streaming
+        path = Path(cfg.data_files.train).expanduser()
+        if cfg.data_files.validation is not None:
+            evaluation, begin = read_file(cfg.data_files.validation, "validation", root / "raw"), 0
+        else:
+            held, begin = first_records(path, cfg.eval_documents)
+            if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
+                raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
+                                  f"{cfg.eval_documents} for evaluation and stream the rest; give "
+                                  "task.data_files.validation or a smaller task.eval_documents.")
+            evaluation = Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
+                               f"{path} (its first {len(held)} records)")
+        first = first_records(path, 1)[0]
+        if not first:
+            raise ConfigError(f"{path} holds no record.")
+        try:
+            self.data_format = Fields.of(cfg).detect(list(first[0]), cfg.format, str(path))
+        except BadRow as err:
+            raise ConfigError(f"{err}") from None
+        if self.data_format is DataFormat.messages or (self.data_format is DataFormat.prompt_completion
+                                                       and isinstance(first[0].get(cfg.prompt_field), list)):
+            self._check_template()
+        eval_rows, dropped, cut = tokenize_split(evaluation, "validation", self.tokenizer, cfg, self.data_format,
+                                                 root)
+        if len(eval_rows) == 0:
+            raise ConfigError(f"{evaluation.origin} has no conversation with a token to learn "
+                              f"(task.train_on={cfg.train_on.value}).")
+        self._prompts = sample_prompts(eval_rows, cfg.sample_prompts)
+        recipe = StreamRecipe(self.data_format, Fields.of(cfg), cfg.train_on, cfg.block_size, cfg.overlong, str(path),
+                              True)
+        stream = ConversationStream(path, begin, functools.partial(encode_records, tokenizer=self.tokenizer,
+                                                                   recipe=recipe), cfg.block_size, cfg.packing)
+        after = " after the evaluation records" if begin else ""
+        streamed = (f"train: streamed from {path} ({path.stat().st_size - begin:,} bytes{after}, learnt: "
+                    f"{cfg.train_on.value}), read while training; rows with nothing to learn left out")
+        self._splits_read = [streamed, self._describe("validation", evaluation, dropped, cut)]
+        if cfg.packing:
+            packed_eval = PackedRows(eval_rows, cfg.block_size)
+            self._splits_read.append(f"packed: each {READ_AHEAD} streamed conversations into rows of {cfg.block_size} "
+                                     f"tokens, {len(eval_rows):,} evaluation ones into {len(packed_eval):,}")
+            return stream, packed_eval
+        return stream, eval_rows
 
     def _read(self, raw_cache: Path) -> dict[str, Split]:
         cfg = self.cfg
@@ -281,3 +334,21 @@ def sample_prompts(rows: Any, count: int) -> list[tuple[list[int], list[int]]]:
         end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
         prompts.append((ids[:first], ids[first:end]))
     return prompts
+
+
+class StreamRecipe(Recipe):
+    """A streamed file's rows are named by their byte offset (a stream that seeks does not count lines)."""
+
+    def where(self, index: int) -> str:
+        return f"{self.origin}, the line at byte {index},"
+
+
+def encode_records(records: list[dict[str, Any]], offsets: list[int], tokenizer: PreTrainedTokenizerBase,
+                   recipe: Recipe) -> list[dict[str, list[int]]]:
+    """Streamed records -> training rows, as the map-style split's (``tokens.encode_rows``): a bad record
+    refused naming its byte offset, records with nothing learnt left out."""
+    keys = list(dict.fromkeys(key for record in records for key in record))
+    out = encode_rows({key: [record.get(key) for record in records] for key in keys}, offsets, tokenizer, recipe)
+    first_error(out)
+    return [{"input_ids": ids, "labels": labels}
+            for ids, labels, learnt in zip(out["input_ids"], out["labels"], out["learnt"], strict=True) if learnt > 0]
