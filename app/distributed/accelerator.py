@@ -180,6 +180,12 @@ class Accelerator(ProcessControl):
         return self.backend.static_shapes
 
     @property
+    def shards_the_model(self) -> bool:
+        """True where the model's parameters are sharded across processes (FSDP2): every process must
+        run each forward pass, generation included."""
+        return self.backend.distributed_type == DistributedType.FSDP
+
+    @property
     def fused_optimizers(self) -> bool:
         """Whether torch's fused optimizer kernels (``AdamW(fused=True)``) run on this runtime's
         parameters (CPU and CUDA; not XLA)."""

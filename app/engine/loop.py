@@ -596,10 +596,8 @@ def write_samples(c: Components, task: WritesSamples, step: int) -> None:
     process runs the same generation and the main one writes."""
     import json
 
-    from app.distributed import DistributedType
-
     acc = c.accelerator
-    sharded = acc.backend.distributed_type == DistributedType.FSDP
+    sharded = acc.shards_the_model
     if not (acc.is_main_process or sharded):
         return
     model = c.model if sharded else acc.unwrap_model(c.model)

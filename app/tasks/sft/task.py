@@ -48,6 +48,9 @@ logger = logging.getLogger(__name__)
 
 class SFTTask(CausalLMTask):
     metric_names = ("loss", "perplexity", "token_accuracy")
+    _loss_chunk = 0
+    """``task.loss_chunk`` once :func:`chunking_holds` for the built model (``build_model``), else 0: the
+    plain loss (also for a task made without ``__init__``, as the TRL conformance test makes one)."""
 
     def __init__(self, cfg: SFTConfig):
         super().__init__(cfg)
@@ -56,10 +59,8 @@ class SFTTask(CausalLMTask):
         self.end_of_turn: str | None = None
         """The token that ends an assistant turn (the export's generation stops there too)."""
         self._explicit_mask = False
-        self._loss_chunk = 0
         self._prompts: list[tuple[list[int], list[int]]] = []
         """``task.sample_prompts``: the first evaluation conversations' prompts and their learnt answers."""
-        """``task.loss_chunk`` once :func:`chunking_holds` for the built model, else 0 (the plain loss)."""
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
