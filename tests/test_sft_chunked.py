@@ -18,6 +18,7 @@ from app.tasks.sft.chunked import chunking_holds, losses_from_head
 from app.tasks.sft.config import SFTConfig
 from app.tasks.sft.task import SFTTask
 from tests.test_sft import packed_batch
+from tests.test_sft_engine import chat  # noqa: F401 - the fixture
 from tests.tiny_chat import make_tiny_chat_llama, make_tokenizer
 
 
@@ -122,3 +123,17 @@ def test_a_model_that_changes_its_logits_after_the_head_keeps_the_plain_loss(cha
 
     model.__class__ = Capped
     assert not chunking_holds(model, 256)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_chunked_by_16_one_sgd_step_on_ddp_and_fsdp2_is_batch_8s_update(tmp_path, chat):  # noqa: F811
+    """tests/test_sft_engine.py's DDP / FSDP2 equivalence with several chunks per row (its rows are
+    longer than 16 tokens): the head's forward replaced under DDP's and FSDP2's hooks changes nothing."""
+    from tests.test_loss_normalisation import ONE_SGD_STEP, assert_same_updates, updates_by_split
+
+    splits = {"batch 8": (8, 1, 1, "cpu"), "batch 4 x 2 processes": (4, 1, 2, "multi_cpu"),
+              "batch 2 x 2 accumulated x 2 processes FSDP2": (2, 2, 2, "fsdp")}
+    assert_same_updates(updates_by_split(tmp_path, chat, *ONE_SGD_STEP, "trainer.max_steps=1", "task.packing=false",
+                                         "task.loss_chunk=16", splits=splits))
