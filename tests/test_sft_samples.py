@@ -57,3 +57,12 @@ def test_on_two_processes_the_main_process_writes_the_samples(tmp_path, chat):  
     run = tmp_path / "run2"
     run_app(*chat, *QUIET, *ARGS, "hardware=multi_cpu", f"hydra.run.dir={run}", cwd=tmp_path, check=True, timeout=400)
     assert_samples(run, (2, 4))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(600)
+def test_with_fsdp2_every_process_generates_and_the_main_one_writes(tmp_path, chat):  # noqa: F811
+    run = tmp_path / "fsdp"
+    run_app(*chat, *QUIET, *ARGS, "hardware=fsdp", f"hydra.run.dir={run}", cwd=tmp_path, check=True, timeout=400)
+    assert_samples(run, (2, 4))
