@@ -184,3 +184,34 @@ def test_a_target_that_is_no_task_is_refused_in_one_sentence():
         with pytest.raises(ConfigError) as refused:
             typed_task_config({"_target_": target, "name": "x"})
         assert str(refused.value) == message, target
+
+
+@pytest.mark.timeout(400)
+def test_the_sft_chat_example_runs_as_its_readme_shows(tmp_path):
+    """``examples/sft_chat``: the README's command, run from the repository's root as written, trains,
+    writes its samples at each evaluation, and exports a model that chats."""
+    import re
+    import shlex
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    readme = (REPO / "examples" / "sft_chat" / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert block is not None
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    assert words[:3] == ["python", "-m", "app"]
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "app", *words[3:], *QUIET, f"hydra.run.dir={run}",
+                           f"task.cache_dir={tmp_path / 'cache'}"], check=False, cwd=REPO, env=ONE_THREAD, capture_output=True,
+                          text=True, timeout=360)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    evals = [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval/loss" in e]
+    assert [e["step"] for e in evals] == [20, 40] and evals[-1]["eval/loss"] < evals[0]["eval/loss"]
+    for step in (20, 40):
+        rows = [json.loads(x) for x in (run / "samples" / f"step_{step}.jsonl").read_text().splitlines()]
+        assert len(rows) == 2 and all(r["prompt"].endswith("<|im_start|>assistant\n") for r in rows)
+    tok = AutoTokenizer.from_pretrained(run / "model")
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    inputs = tok.apply_chat_template([{"role": "user", "content": "what did the cat do ?"}],
+                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    assert model.generate(**inputs, max_new_tokens=16, do_sample=False).shape[1] > inputs["input_ids"].shape[1]

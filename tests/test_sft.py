@@ -21,7 +21,7 @@ from app.tasks.sft.attention import check_isolation, model_inputs
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
-from app.tasks.sft.tokens import Recipe, encode_rows
+from app.tasks.sft.tokens import Recipe, encode_rows, first_error
 from tests.helpers.tiny_chat import (
     COUNTDOWN,
     END_OF_TURN,
@@ -42,8 +42,11 @@ def recipe(data_format: DataFormat, train_on: TrainOn = TrainOn.assistant, block
 
 
 def encode(tokenizer, rows: list[dict], r: Recipe) -> dict[str, list]:
+    """``encode_rows`` on one batch, its first refusal raised (as ``tokenize_split`` does after the map)."""
     batch = {key: [row[key] for row in rows] for key in rows[0]}
-    return encode_rows(batch, list(range(len(rows))), tokenizer, r)
+    out = encode_rows(batch, list(range(len(rows))), tokenizer, r)
+    first_error(out)
+    return out
 
 
 def learnt_runs(tokenizer, labels: list[int]) -> list[str]:
@@ -319,3 +322,14 @@ def test_build_data_reads_holds_out_and_says_what_was_dropped(tmp_path, chat_lla
     batch = data.collate_fn([data.train[0], data.train[1]])
     out = task.step(model, batch)
     assert out.sample_items.tolist() == [(t != IGNORE_INDEX).sum().item() for t in batch["labels"][:, 1:]]
+
+
+@pytest.mark.parametrize("family", list(TEMPLATES))
+def test_an_answer_its_turns_frame_also_holds_is_located_by_the_marker(family):
+    """An answer such as "s" stands twice in Llama-2's turn " s</s>" (and "|" in ChatML's markers): the
+    content is then located from the turn rendered with a marker as its content."""
+    tokenizer = make_tokenizer(TEMPLATES[family])
+    for answer in ("s", "im", "|", "assistant"):
+        chat = [{"role": "user", "content": "what did the cat do ?"}, {"role": "assistant", "content": answer}]
+        out = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages))
+        assert [r.lstrip(" ") for r in learnt_runs(tokenizer, out["labels"][0])] == [answer + END_OF_TURN[family]]

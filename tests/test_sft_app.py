@@ -100,15 +100,17 @@ def test_the_model_card_and_log_say_what_was_learnt(chat_run):
 
 @pytest.mark.parametrize(("rows", "expected"), [
     ([{"messages": [{"role": "user", "content": "hi"}, {"content": "hello"}]}],
-     "val.jsonl line 1: message 2 of 'messages' has no 'role'."),
+     "val.jsonl line 2: message 2 of 'messages' has no 'role'."),
     ([{"messages": [{"role": "user", "content": "hi"}]}],
-     "val.jsonl line 1: it has no assistant turn to learn (task.train_on=assistant)."),
+     "val.jsonl line 2: it has no assistant turn to learn (task.train_on=assistant)."),
 ])
 def test_bad_data_stops_the_run_with_one_sentence(tmp_path, chat_data, rows, expected):
-    bad = write_jsonl(tmp_path / "val.jsonl", [{"messages": conversations(1)[0]}, *rows][1:])
+    """Tokenized by 2 processes: the refusal is the main process's, with no worker's traceback."""
+    good = [{"messages": c} for c in conversations(3, seed=10)]
+    bad = write_jsonl(tmp_path / "val.jsonl", [good[0], *rows, *good[1:]])
     proc = run_app("task=sft", f"task.config={chat_data / 'base'}", "task.chat_template=chatml",
                    f"task.data_files.train={chat_data / 'chat.jsonl'}", f"task.data_files.validation={bad}",
-                   f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+                   "task.num_proc=2", f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr and last.startswith("error: ") and last.endswith(expected), last

@@ -38,3 +38,34 @@ def test_unknown_tracker_is_refused(tmp_path):
     acc = Accelerator(cpu=True, project_dir=tmp_path, log_with="mlflowx")
     with pytest.raises(ValueError, match="unknown tracker 'mlflowx'"):
         acc.init_trackers("demo")
+
+
+@pytest.mark.timeout(180)
+def test_a_table_of_samples_goes_to_tensorboard_wandb_and_mlflow(tmp_path, monkeypatch):
+    """``Accelerator.log_table`` (task=sft's ``task.sample_prompts``): TensorBoard text (a Markdown table),
+    a W&B table in the offline run, the JSON Lines file as an MLflow artifact under ``samples/``."""
+    pytest.importorskip("wandb")
+    mlflow = pytest.importorskip("mlflow")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    acc = Accelerator(cpu=True, project_dir=tmp_path, log_with=["tensorboard", "wandb", "mlflow"])
+    acc.init_trackers("demo", init_kwargs={"mlflow": {"tracking_uri": uri}})
+    rows = [{"prompt": "a | b\nc", "completion": "d"}]
+    file = tmp_path / "samples" / "step_5.jsonl"
+    file.parent.mkdir()
+    file.write_text(json.dumps(rows[0]) + "\n")
+    acc.log_table("eval/samples", rows, 5, file)
+    run_id = acc.get_tracker("mlflow").run_id
+    acc.end_training()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0}).Reload()
+    (tag,) = [t for t in events.Tags()["tensors"] if "samples" in t]
+    (event,) = events.Tensors(tag)
+    assert event.step == 5
+    assert event.tensor_proto.string_val[0].decode() == "| prompt | completion |\n|---|---|\n| a \\| b<br>c | d |"
+    assert list((tmp_path / "wandb").glob("offline-run-*/files/media/table/eval/samples_*.table.json"))
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    assert [a.path for a in client.list_artifacts(run_id, "samples")] == ["samples/step_5.jsonl"]

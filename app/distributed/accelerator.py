@@ -272,3 +272,9 @@ class Accelerator(Preparing, TrainingStep, Collectives, Saving):
             return
         for tracker in self.trackers:
             tracker.log(values, step=step)
+
+    def log_table(self, key: str, rows: list[dict[str, str]], step: int, file: Path) -> None:
+        """A small table of text at ``step`` (written to ``file`` already) to every tracker: TensorBoard
+        text, a W&B table, an MLflow artifact (``Tracker.log_table``)."""
+        for tracker in self.trackers:
+            tracker.log_table(key, rows, step, file)

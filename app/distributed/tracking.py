@@ -37,6 +37,11 @@ class Tracker:
         """Keep a copy of ``local_dir``'s files with the run (under ``artifact_path``), where the tracker
         stores files; the others keep none."""
 
+    def log_table(self, key: str, rows: list[dict[str, str]], step: int, file: Path) -> None:
+        """Record a small table of text (``rows``, the same keys each) at ``step``, also written as JSON Lines
+        to ``file`` in the run folder: TensorBoard as text, W&B as a table, MLflow as an artifact; the
+        others keep nothing more than the file."""
+
     def finish(self) -> None:
         pass
 
@@ -82,8 +87,26 @@ class TensorBoardTracker(Tracker):
                 self.tracker.add_scalar(key, value, global_step=step, **kwargs)
         self.tracker.flush()
 
+    def log_table(self, key: str, rows: list[dict[str, str]], step: int, file: Path) -> None:
+        self.tracker.add_text(key, markdown_table(rows), global_step=step)
+        self.tracker.flush()
+
     def finish(self) -> None:
         self.tracker.close()
+
+
+def markdown_table(rows: list[dict[str, str]]) -> str:
+    """``rows`` as a Markdown table (TensorBoard's text plugin renders it), each cell on one line."""
+    if not rows:
+        return ""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 class WandbTracker(Tracker):
@@ -103,6 +126,13 @@ class WandbTracker(Tracker):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.tracker.log(values, step=step, **kwargs)  # wandb.log's commit, sync
+
+    def log_table(self, key: str, rows: list[dict[str, str]], step: int, file: Path) -> None:
+        import wandb
+
+        columns: list[str | int] = list(rows[0]) if rows else []
+        self.tracker.log({key: wandb.Table(columns=columns, data=[[row.get(str(c), "") for c in columns] for row in rows])},
+                         step=step)
 
     def finish(self) -> None:
         self.tracker.finish()
@@ -224,6 +254,9 @@ class MLflowTracker(Tracker):
 
     def log_artifact(self, local_path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(local_path), artifact_path)
+
+    def log_table(self, key: str, rows: list[dict[str, str]], step: int, file: Path) -> None:
+        self.log_artifact(file, file.parent.name)  # samples/step_<N>.jsonl
 
     def finish(self) -> None:
         self.client.set_terminated(self.run_id)

@@ -17,6 +17,8 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
       model/                  the exported model, export.json (which weights, from where), README.md (its
                               model card) and, with adapter=lora, adapter/ (peft's adapter files)
       result.json             how the run ended
+      samples/                step_<N>.jsonl: what the model generated at the evaluation of step N (task=sft's
+                              task.sample_prompts)
       eval_metrics.json       a mode=eval run's metrics
       test_predictions.tsv    task.predict_test=true
       profile/                debug=profile's traces (profile_<rank>.json)
@@ -67,6 +69,14 @@ def hydra_file(run_dir: Path, name: str) -> Path:
 
 def log_file(run_dir: Path) -> Path:
     return run_dir / LOG_FILE
+
+
+SAMPLES_DIR = "samples"
+
+
+def samples_file(run_dir: Path, step: int) -> Path:
+    """``<run>/samples/step_<step>.jsonl``: the generations of the evaluation at ``step``."""
+    return run_dir / SAMPLES_DIR / f"step_{step}.jsonl"
 
 
 def metrics_file(run_dir: Path) -> Path:

@@ -247,6 +247,20 @@ class DescribesData(Protocol):
 
 
 @runtime_checkable
+class WritesSamples(Protocol):
+    """A task that shows what the model generates at each evaluation during training (``task=sft``'s
+    ``task.sample_prompts``): the engine writes the rows to ``<run>/samples/step_<N>.jsonl`` and to the
+    trackers (``Accelerator.log_table``)."""
+
+    def evaluation_samples(self, model: nn.Module, device: torch.device) -> list[dict[str, str]]:
+        """The rows (the same keys each; [] for none) for ``model`` (in eval mode, with the weights being
+        evaluated). Called on the main process with the unwrapped model, or, where the model is sharded
+        (FSDP2: every process must run its forward passes), on every process with the model as trained;
+        only the main process's rows are kept."""
+        ...
+
+
+@runtime_checkable
 class SummedMetrics(Protocol):
     """A task whose evaluation metrics are functions of sums over the evaluation samples (a language
     model's: summed token losses over token counts). Each process sums its own samples on its

@@ -20,6 +20,7 @@ from app.distributed.configuration import (
     ProjectConfiguration,
 )
 from app.distributed.facade.process import ProcessControl
+from app.distributed.hardware.kinds import DistributedType
 from app.distributed.facade.step_items import StepItems
 from app.distributed.precision import Precision
 from app.distributed.profiling import ProfileKwargs
@@ -87,4 +88,10 @@ class AcceleratorFields(ProcessControl):
         """True when every step must see the same tensor shapes (XLA): prepared loaders then pad their
         last batch to full size, and a task should pad sequences to a fixed length."""
         return self.backend.static_shapes
+
+    @property
+    def shards_the_model(self) -> bool:
+        """True where the model's parameters are sharded across processes (FSDP2): every process must
+        run each forward pass, generation included."""
+        return self.backend.distributed_type == DistributedType.FSDP
 

@@ -64,13 +64,29 @@ class SFTConfig(CausalLMConfig):
     """A conversation longer than ``task.block_size`` tokens."""
     num_proc: int = 1
     """Processes that tokenize the map-style splits (``datasets.map(num_proc=...)``)."""
+    loss_chunk: int = 256
+    """Positions whose vocabulary-sized logits exist at once in the loss (chunked cross-entropy, recomputed
+    in backward; ``app/tasks/sft/chunked.py``); 0: the whole block's logits at once (the plain loss)."""
+    sample_prompts: int = 0
+    """At each evaluation, the first this many evaluation prompts (each conversation up to its first learnt
+    token) completed greedily on the main process, written to ``<run>/samples/step_<N>.jsonl`` and the
+    trackers; 0: none."""
+    max_new_tokens: int = 64
+    """The most tokens each sample generates (it stops earlier at EOS or the end-of-turn token)."""
 
     def check(self) -> None:
         super().check()
         if self.num_proc < 1:
             raise ConfigError(f"task.num_proc must be at least 1, got {self.num_proc}.")
+        if self.sample_prompts < 0 or self.max_new_tokens < 1:
+            raise ConfigError(f"task.sample_prompts must be 0 or more and task.max_new_tokens at least 1, got "
+                              f"{self.sample_prompts} and {self.max_new_tokens}.")
+        if self.loss_chunk < 0:
+            raise ConfigError(f"task.loss_chunk must be 0 (the plain loss) or a number of positions, got "
+                              f"{self.loss_chunk}.")
         if self.train_on is TrainOn.completion and self.format in (DataFormat.messages, DataFormat.text):
             raise ConfigError(f"task.train_on=completion needs prompt/completion data, and task.format="
                               f"{self.format.value}; use task.train_on=assistant or last_assistant.")
-        if self.streaming:
-            raise ConfigError("task=sft reads its data map-style (task.streaming=true is not supported yet).")
+        if self.streaming and not str(self.data_files.train).lower().endswith(".jsonl"):
+            raise ConfigError("task=sft with task.streaming=true reads a JSON Lines file line by line: give "
+                              "task.data_files.train=<.jsonl file>.")

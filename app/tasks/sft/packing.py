@@ -57,14 +57,20 @@ class PackedRows(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, list[int]]:
         members = self.rows[self.bins[index]]
-        # A conversation's first token is predicted by nothing of its own: alone in a row it is never a
-        # target; packed, it would be the previous conversation's last target. Its label goes.
-        return {"input_ids": [t for ids in members["input_ids"] for t in ids],
-                "labels": [t for labels in members["labels"] for t in [IGNORE_INDEX, *labels[1:]]],
-                "position_ids": [p for ids in members["input_ids"] for p in range(len(ids))]}
+        return packed_row(members["input_ids"], members["labels"])
 
     def conversations(self) -> int:
         return sum(len(b) for b in self.bins)
+
+
+def packed_row(input_ids: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> dict[str, list[int]]:
+    """Conversations concatenated into one row, ``position_ids`` restarting at 0 with each.
+
+    A conversation's first token is predicted by nothing of its own: alone in a row it is never a
+    target; packed, it would be the previous conversation's last target. Its label goes."""
+    return {"input_ids": [t for ids in input_ids for t in ids],
+            "labels": [t for row in labels for t in [IGNORE_INDEX, *row[1:]]],
+            "position_ids": [p for ids in input_ids for p in range(len(ids))]}
 
 
 class SFTCollator:

@@ -92,24 +92,29 @@ class SpanFinder:
                 raise UnusableTemplate("it does not render a conversation as the concatenation of its turns (the "
                                        f"first {k + 1} messages do not render as the start of the whole), so the "
                                        "assistant's tokens cannot be found")
-            learnt.append(self.turn_span(messages[:k], before, through))
+            learnt.append(self.turn_span(messages[:k], before, through, messages[k]["content"]))
         return Formatted(whole, learnt, plain=False)
 
-    def turn_span(self, history: list[dict[str, str]], before: str, through: str) -> tuple[int, int]:
+    def turn_span(self, history: list[dict[str, str]], before: str, through: str, content: str) -> tuple[int, int]:
         """The learnt range of the assistant turn ``through[len(before):]``: its content and the first
-        special token after it. Where the content sits is learnt from the same turn rendered with a
-        marker as its content: what comes before the marker (the turn's header) and after it (the
-        end-of-turn token, a newline...) frame every content alike. A template that renders the
-        content into its frame differently: the whole turn up to the special token."""
-        marked = self.render([*history, {"role": "assistant", "content": MARKER}], False)
-        at = marked.find(MARKER, len(before))
-        header, trailer = (marked[len(before):at], marked[at + len(MARKER):]) if at >= 0 else ("", "")
-        turn = through[len(before):]
-        if at >= 0 and marked.startswith(before) and turn.startswith(header) and turn.endswith(trailer) \
-                and len(header) + len(trailer) <= len(turn):
-            begin, content_end = len(before) + len(header), len(through) - len(trailer)
+        special token after it. The content is where it stands once in the turn; else (a content the
+        turn's frame also holds, or one the template changes) where the same turn rendered with a
+        marker as its content puts it: what comes before the marker (the turn's header) and after it
+        (the end-of-turn token, a newline...) frame every content alike. Failing both: the whole turn
+        up to the special token."""
+        turn, content = through[len(before):], content.strip()
+        if content and turn.count(content) == 1:
+            begin = len(before) + turn.find(content)
+            content_end = begin + len(content)
         else:
-            begin, content_end = len(before), len(before)
+            marked = self.render([*history, {"role": "assistant", "content": MARKER}], False)
+            at = marked.find(MARKER, len(before))
+            header, trailer = (marked[len(before):at], marked[at + len(MARKER):]) if at >= 0 else ("", "")
+            if at >= 0 and marked.startswith(before) and turn.startswith(header) and turn.endswith(trailer) \
+                    and len(header) + len(trailer) <= len(turn):
+                begin, content_end = len(before) + len(header), len(through) - len(trailer)
+            else:
+                begin, content_end = len(before), len(before)
         end_of_turn = self._special.search(through, content_end) if self._special is not None else None
         if end_of_turn is None:
             raise UnusableTemplate("it ends an assistant turn with no special token, so the model could never "

@@ -77,33 +77,47 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, formatted: list[Formatted]) -> 
 
 def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
                 recipe: Recipe) -> dict[str, list]:
-    """A ``datasets.map`` batch -> ``input_ids``, ``labels``, ``learnt`` (tokens learnt, 0: dropped later)
-    and ``cut`` (1: truncated to block_size). Bad rows are refused naming their line."""
+    """A ``datasets.map`` batch -> ``input_ids``, ``labels``, ``learnt`` (tokens learnt, 0: dropped later),
+    ``cut`` (1: truncated to block_size) and ``error``: why a bad row is refused, naming its line (empty
+    for a good row). Errors are returned, not raised: raised in one of ``task.num_proc`` processes, the
+    pool would be torn down mid-work; :func:`first_error` raises the first one in the main process."""
     finder = SpanFinder(tokenizer, recipe.train_on)
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-    formatted = []
+    formatted: list[Formatted | None] = []
+    errors = []
     for index, row in zip(indices, rows, strict=True):
         try:
             formatted.append(finder(read_row(row, recipe.data_format, recipe.fields)))
+            errors.append("")
         except BadRow as err:
-            raise ConfigError(f"{recipe.where(index)}: {err}.") from None
+            formatted.append(None)
+            errors.append(f"{recipe.where(index)}: {err}.")
         except UnusableTemplate as err:
-            raise ConfigError(f"The chat template cannot be trained on with task.train_on={recipe.train_on.value}: "
-                              f"{err} ({recipe.where(index)}); give task.chat_template=chatml or a Jinja file.") \
-                from None
-    out: dict[str, list] = {"input_ids": [], "labels": [], "learnt": [], "cut": []}
-    for index, (ids, labels) in zip(indices, tokenize(tokenizer, formatted), strict=True):
+            formatted.append(None)
+            errors.append(f"The chat template cannot be trained on with task.train_on={recipe.train_on.value}: {err} "
+                          f"({recipe.where(index)}); give task.chat_template=chatml or a Jinja file.")
+    encoded = iter(tokenize(tokenizer, [f for f in formatted if f is not None]))
+    out: dict[str, list] = {"input_ids": [], "labels": [], "learnt": [], "cut": [], "error": errors}
+    for i, (index, item) in enumerate(zip(indices, formatted, strict=True)):
+        ids, labels = next(encoded) if item is not None else ([], [])
         cut = len(ids) > recipe.block_size
         if cut and recipe.overlong is Overlong.refuse:
-            raise ConfigError(f"{recipe.where(index)} is {len(ids)} tokens long, more than task.block_size="
-                              f"{recipe.block_size} (task.overlong=refuse); give a larger block_size or "
-                              "task.overlong=truncate or drop.")
+            errors[i] = (f"{recipe.where(index)} is {len(ids)} tokens long, more than task.block_size="
+                         f"{recipe.block_size} (task.overlong=refuse); give a larger block_size or "
+                         "task.overlong=truncate or drop.")
         if cut:
             ids, labels = ids[:recipe.block_size], labels[:recipe.block_size]
         learnt = 0 if cut and recipe.overlong is Overlong.drop else sum(label != IGNORE_INDEX for label in labels)
         for key, value in (("input_ids", ids), ("labels", labels), ("learnt", learnt), ("cut", int(cut))):
             out[key].append(value)
     return out
+
+
+def first_error(out: dict[str, list] | datasets.Dataset) -> None:
+    """Raise the first row's refusal (a ConfigError), if any row was refused."""
+    error = next((e for e in out["error"] if e), None)
+    if error is not None:
+        raise ConfigError(error)
 
 
 def tokenize_split(split: Split, name: str, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig,
@@ -122,6 +136,7 @@ def tokenize_split(split: Split, name: str, tokenizer: PreTrainedTokenizerBase, 
                           with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
                           num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
                           desc=f"Tokenizing {cfg.name} {name}", **cached)
+    first_error(rows)
     learnt = rows["learnt"]
     kept = [i for i, n in enumerate(learnt) if n > 0]
     cut = sum(rows["cut"])
