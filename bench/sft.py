@@ -3,7 +3,7 @@ second, in one invocation, alternating (ours, TRL's, TRL's, ours, ...), the figu
 each round's ours / TRL's ratio.
 
 Held equal: the conversations (``--conversations`` of 1 to ``--turns`` user/assistant exchanges, half
-with a system message: tests/tiny_chat.py's toy grammar), the tokenizer (its byte-level BPE), one
+with a system message: tests/helpers/tiny_chat.py's toy grammar), the tokenizer (its byte-level BPE), one
 process, no cache, learnt tokens = every assistant turn with its end-of-turn token. Ours: the plain
 ChatML template, spans found by rendering prefix by prefix (``app/tasks/sft/tokens.py``'s
 ``tokenize_split``: datasets.map, labels, rows with nothing learnt dropped). TRL's: ChatML with
@@ -80,8 +80,8 @@ def main() -> None:
     from app.tasks.sft.config import DataFormat, SFTConfig
     from app.tasks.sft.tokens import tokenize_split
     from app.tasks.text.sources import Split
+    from tests.helpers.tiny_chat import conversations, make_tokenizer
     from tests.test_sft_trl import CHATML_WITH_MARKERS
-    from tests.tiny_chat import conversations, make_tokenizer
 
     datasets.disable_progress_bars()
     datasets.disable_caching()
@@ -194,8 +194,8 @@ def training(args: argparse.Namespace, rows: list[dict]) -> None:
 
     from app.engine.run import run
     from tests.conftest import compose_config
+    from tests.helpers.tiny_chat import make_tiny_chat_llama, make_tokenizer, write_jsonl
     from tests.test_sft_trl import CHATML_WITH_MARKERS
-    from tests.tiny_chat import make_tiny_chat_llama, make_tokenizer, write_jsonl
 
     lr, block, steps, every = 2e-5, 1024, args.train_steps, args.log_every
     warm = max(1, steps // 20)

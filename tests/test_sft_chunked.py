@@ -17,9 +17,9 @@ from app.tasks.sft.attention import model_inputs
 from app.tasks.sft.chunked import chunking_holds, losses_from_head
 from app.tasks.sft.config import SFTConfig
 from app.tasks.sft.task import SFTTask
+from tests.helpers.tiny_chat import make_tiny_chat_llama, make_tokenizer
 from tests.test_sft import packed_batch
 from tests.test_sft_engine import chat  # noqa: F401 - the fixture
-from tests.tiny_chat import make_tiny_chat_llama, make_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ import torch
 
 from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
-from tests.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.tiny_chat import conversations, make_tiny_chat_llama, write_jsonl
 from tests.test_loss_normalisation import ONE_SGD_STEP, assert_same_updates, updates_by_split
-from tests.tiny_chat import conversations, make_tiny_chat_llama, write_jsonl
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
 

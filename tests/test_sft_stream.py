@@ -16,9 +16,9 @@ from app.config import ConfigError
 from app.tasks.sft.config import DataFormat, SFTConfig
 from app.tasks.sft.stream import ConversationStream
 from app.tasks.sft.task import StreamRecipe, encode_records
+from tests.helpers.tiny_chat import conversations, make_tokenizer, write_jsonl
 from tests.test_sft import FIELDS
 from tests.test_sft_engine import assert_bitwise_equal, chat, killed_and_resumed  # noqa: F401 - the fixture
-from tests.tiny_chat import conversations, make_tokenizer, write_jsonl
 
 
 def stream_of(path: Path, packing: bool, begin: int = 0) -> ConversationStream:

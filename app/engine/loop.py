@@ -26,13 +26,13 @@ from app.engine.budget import Budget, Limit, epochs, training_budget
 from app.engine.faults import fault_point
 from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
+from app.engine.samples import write_samples
 from app.engine.stop_reason import StopReason
 from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.interrupts import StopSignals, signal_name
-from app.run_layout import samples_file
 from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples
 
 log = logging.getLogger(__name__)
@@ -563,31 +563,6 @@ def _signal_check(interrupts: StopSignals | None, flag: StepFlag | None) -> Call
     if flag is None:
         return lambda: interrupts.received is not None
     return lambda: flag.post(interrupts.received is not None)
-
-
-def write_samples(c: Components, task: WritesSamples, step: int) -> None:
-    """The task's generations at this evaluation, to ``<run>/samples/step_<step>.jsonl`` and the trackers
-    (main process). The main process generates alone, unless the model is sharded (FSDP2), where every
-    process runs the same generation and the main one writes."""
-    import json
-
-    acc = c.accelerator
-    sharded = acc.shards_the_model
-    if not (acc.is_main_process or sharded):
-        return
-    model = c.model if sharded else acc.unwrap_model(c.model)
-    c.model.eval()
-    try:
-        with c.evaluation_weights():
-            rows = task.evaluation_samples(model, acc.device)
-    finally:
-        c.model.train()
-    if not rows or not acc.is_main_process or acc.project_dir is None:
-        return
-    path = samples_file(acc.project_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    acc.log_table("eval/samples", rows, step, path)
 
 
 def run_evaluation(c: Components, state: LoopState, stopper: EarlyStopping) -> tuple[dict[str, float], bool]:

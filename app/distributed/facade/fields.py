@@ -20,8 +20,8 @@ from app.distributed.configuration import (
     ProjectConfiguration,
 )
 from app.distributed.facade.process import ProcessControl
-from app.distributed.hardware.kinds import DistributedType
 from app.distributed.facade.step_items import StepItems
+from app.distributed.hardware.kinds import DistributedType
 from app.distributed.precision import Precision
 from app.distributed.profiling import ProfileKwargs
 from app.distributed.state import AcceleratorState, GradientState
