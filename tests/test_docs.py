@@ -341,7 +341,7 @@ def test_every_relative_link_leads_to_a_file_and_heading():
     assert not broken, "\n".join(broken)
 
 
-RUN_FOLDER = {".hydra", "model", "checkpoints", "tensorboard", "profile", "hparams", ".slurm", ".submitit",
+RUN_FOLDER = {".hydra", "model", "checkpoints", "samples", "tensorboard", "profile", "hparams", ".slurm", ".submitit",
               "mlartifacts"}
 """First parts of a path inside a run or sweep folder (``model/export.json``), not the repository's."""
 
