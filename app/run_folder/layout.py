@@ -60,6 +60,7 @@ PREDICTIONS_FILE = "test_predictions.tsv"
 PROFILE_DIR = "profile"
 REPORT_FILE = "report.png"
 LOCK_FILE = ".lock"
+SAMPLES_DIR = "samples"
 
 
 def hydra_file(run_dir: Path, name: str) -> Path:
@@ -69,9 +70,6 @@ def hydra_file(run_dir: Path, name: str) -> Path:
 
 def log_file(run_dir: Path) -> Path:
     return run_dir / LOG_FILE
-
-
-SAMPLES_DIR = "samples"
 
 
 def samples_file(run_dir: Path, step: int) -> Path:
