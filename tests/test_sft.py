@@ -333,3 +333,34 @@ def test_an_answer_its_turns_frame_also_holds_is_located_by_the_marker(family):
         chat = [{"role": "user", "content": "what did the cat do ?"}, {"role": "assistant", "content": answer}]
         out = encode(tokenizer, [{"messages": chat}], recipe(DataFormat.messages))
         assert [r.lstrip(" ") for r in learnt_runs(tokenizer, out["labels"][0])] == [answer + END_OF_TURN[family]]
+
+
+@pytest.mark.parametrize("template", [*TEMPLATES.values(), COUNTDOWN, NO_END])
+def test_the_span_finders_render_is_apply_chat_templates(template):
+    """The template compiled once and rendered directly (render.py) gives apply_chat_template's text, with
+    and without the generation prompt, for every prefix of conversations with and without a system turn."""
+    from app.tasks.sft.render import renderer
+
+    tokenizer = make_tokenizer(template)
+    render = renderer(tokenizer)
+    for chat in conversations(4, seed=5):
+        for k in range(1, len(chat) + 1):
+            for prompt in (False, True):
+                assert render(chat[:k], prompt) == tokenizer.apply_chat_template(chat[:k], tokenize=False,
+                                                                                 add_generation_prompt=prompt)
+
+
+def test_a_token_is_learnt_where_it_overlaps_a_learnt_range():
+    """Byte-level tokens of one multi-byte character share its offsets: each is learnt as the rule says
+    (overlap with a learnt range, no extent never), checked against the rule written out per token."""
+    from app.tasks.sft.tokens import learnt_labels
+
+    tokenizer = make_tokenizer()
+    text = "ab ☕ café 日本 cd"
+    encoded = tokenizer(text, add_special_tokens=True, return_offsets_mapping=True)
+    ids, offsets = encoded["input_ids"], encoded["offset_mapping"]
+    assert offsets[0] == (0, 0) and len(set(offsets)) < len(offsets)  # BOS, and tokens sharing a character
+    for ranges in ([], [(0, len(text))], [(3, 4)], [(4, 5), (9, 11)], [(0, 1), (11, len(text))]):
+        expected = [t if e > b and any(e > s and b < f for s, f in ranges) else IGNORE_INDEX
+                    for t, (b, e) in zip(ids, offsets, strict=True)]
+        assert learnt_labels(ids, offsets, ranges, len(text)) == expected

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from app.tasks.sft.config import TrainOn
 from app.tasks.sft.conversations import BadRow, Conversation, Plain
+from app.tasks.sft.render import Render, renderer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -48,6 +49,7 @@ class SpanFinder:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, train_on: TrainOn):
         self.tokenizer, self.train_on = tokenizer, train_on
+        self._render: Render | None = None  # compiled at the first conversation (plain text needs no template)
         specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
         specials |= {t for t in tokenizer.all_special_tokens if t}
         self._special = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True))) \
@@ -63,13 +65,12 @@ class SpanFinder:
     def render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
         from jinja2 import TemplateError
 
+        if self._render is None:
+            self._render = renderer(self.tokenizer)
         try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=generation_prompt)
+            return self._render(messages, generation_prompt)
         except TemplateError as err:
             raise BadRow(f"the chat template refuses it ({str(err).strip()})") from None
-        assert isinstance(text, str)
-        return text
 
     def learnt_turns(self, item: Conversation) -> list[int]:
         turns = [k for k, m in enumerate(item.messages) if m["role"] == "assistant" and k >= item.prompt_turns]
