@@ -1,11 +1,12 @@
 """``task=sft`` data preparation against TRL's ``SFTTrainer``: conversations tokenized and labelled per
-second, in one invocation, alternating (ours, TRL's, TRL's, ours, ...), the figure being the median of
-each round's ours / TRL's ratio.
+second, in one invocation, after one uncounted call of each (first-call costs), alternating (ours, TRL's,
+TRL's, ours, ...), the figure being the median of each round's ours / TRL's ratio.
 
 Held equal: the conversations (``--conversations`` of 1 to ``--turns`` user/assistant exchanges, half
 with a system message: tests/helpers/tiny_chat.py's toy grammar), the tokenizer (its byte-level BPE), one
 process, no cache, learnt tokens = every assistant turn with its end-of-turn token. Ours: the plain
-ChatML template, spans found by rendering prefix by prefix (``app/tasks/sft/tokens.py``'s
+ChatML template, spans found by rendering prefix by prefix (the template compiled once,
+``app/tasks/sft/render.py``), the whole conversation tokenized once (``app/tasks/sft/tokens.py``'s
 ``tokenize_split``: datasets.map, labels, rows with nothing learnt dropped). TRL's: ChatML with
 ``{% generation %}`` markers and ``assistant_only_loss=True`` (what it needs for the same mask), timed
 as ``SFTTrainer``'s construction on a 1-layer model (its dataset preparation is nearly all of it).
@@ -25,8 +26,11 @@ Peak memory of the loss (first, ``--memory-only`` for it alone): one forward and
 whose body is tiny (``--memory-hidden`` wide, one layer) so that the vocabulary-sized logits dominate,
 at vocabulary ``--vocab`` (32k) and block ``--block`` (2048), batch 1, float32, each in its own process
 (``--memory-worker``): the plain loss (``task.loss_chunk=0``: the whole block's logits at once) against
-the chunked one (``task.loss_chunk``, ``--chunk``), through ``SFTTask.step`` both. Peak resident memory
-(``ru_maxrss``) of the step, less the process's peak before it (the imports, the model, the batch).
+the chunked one (``task.loss_chunk``, ``--chunk``), through ``SFTTask.step`` both, then AdamW's step and
+the gradients freed. The figure: what the training step adds, its peak resident memory (``ru_maxrss``)
+less the process's peak before it (the imports, the model, the batch, the optimizer's state made by one
+uncounted step on 8 positions), with glibc's malloc set to give freed blocks back (``FREEING_MALLOC``), so
+that it measures memory in use; also shown: the whole process's peak, and both under the default malloc.
 
     python bench/sft.py [--conversations 2000] [--turns 6] [--rounds 3] [--train-steps 60] [--batch 8]
     python bench/sft.py --memory-only [--vocab 32000] [--block 2048] [--chunk 256]
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -44,6 +49,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+FREEING_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+"""glibc's malloc in the memory workers: blocks of 64 KiB and more mapped on their own and unmapped when
+freed, so the peak resident memory is of the memory in use, not of what the allocator kept (without it,
+the same step's figure varies by a third from run to run)."""
 
 
 def main() -> None:
@@ -129,20 +138,24 @@ def memory(args: argparse.Namespace) -> None:
     import json
     import subprocess
 
-    peaks = {}
-    for chunk in (0, args.chunk):
-        out = subprocess.run([sys.executable, __file__, "--memory-worker", str(chunk), "--vocab", str(args.vocab),
-                              "--block", str(args.block), "--memory-hidden", str(args.memory_hidden)],
-                             check=True, capture_output=True, text=True).stdout
-        peaks[chunk] = json.loads(out.strip().splitlines()[-1])
-        p = peaks[chunk]
-        print(f"loss memory, {'plain' if chunk == 0 else f'chunked by {chunk}'}: step peak {p['step_mib']:,.0f} MiB "
-              f"above the process's {p['before_mib']:,.0f} MiB (process peak {p['peak_mib']:,.0f} MiB; loss "
-              f"{p['loss']:.6f})")
-    plain, chunked = peaks[0], peaks[args.chunk]
-    print(f"loss memory at vocabulary {args.vocab}, block {args.block}: chunked / plain = "
-          f"{chunked['step_mib'] / plain['step_mib']:.2f} (the step's peak; whole process: "
-          f"{chunked['peak_mib'] / plain['peak_mib']:.2f}); the losses differ by {abs(chunked['loss'] - plain['loss']):.1e}")
+    ratios = {}
+    for allocator, env in (("freeing malloc", FREEING_MALLOC), ("default malloc", {})):
+        peaks = {}
+        for chunk in (0, args.chunk):
+            out = subprocess.run([sys.executable, __file__, "--memory-worker", str(chunk), "--vocab", str(args.vocab),
+                                  "--block", str(args.block), "--memory-hidden", str(args.memory_hidden)],
+                                 check=True, capture_output=True, text=True, env={**os.environ, **env}).stdout
+            p = peaks[chunk] = json.loads(out.strip().splitlines()[-1])
+            print(f"loss memory ({allocator}), {'plain' if chunk == 0 else f'chunked by {chunk}'}: the training "
+                  f"step's peak {p['step_mib']:,.0f} MiB above the {p['before_mib']:,.0f} MiB held before it (process "
+                  f"peak {p['peak_mib']:,.0f} MiB; loss {p['loss']:.7f})")
+        plain, chunked = peaks[0], peaks[args.chunk]
+        ratios[allocator] = (chunked["step_mib"] / plain["step_mib"], chunked["peak_mib"] / plain["peak_mib"],
+                             abs(chunked["loss"] - plain["loss"]))
+    (step, process, diff), (step_default, process_default, _) = ratios.values()
+    print(f"loss memory at vocabulary {args.vocab}, block {args.block}: chunked / plain = {step:.2f} (what the "
+          f"training step adds; whole process: {process:.2f}); with glibc's default malloc, which keeps freed "
+          f"blocks: {step_default:.2f} (whole process {process_default:.2f}); the losses differ by {diff:.1e}")
 
 
 def memory_worker(args: argparse.Namespace, chunk: int) -> None:
@@ -169,18 +182,26 @@ def memory_worker(args: argparse.Namespace, chunk: int) -> None:
     batch = {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
     task._loss_chunk = chunk  # what build_model sets once chunking_holds(model, chunk)
 
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)  # its state made and updated, the weights kept: the
+    # two variants' losses then compare
+
     def kib() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
-    with torch.no_grad():  # the allocator warmed on a small batch, not counted
-        task.step(model, {k: v[:, :8] for k, v in batch.items()})
+    def train_step(b: dict) -> float:
+        out = task.step(model, b)
+        loss = out.sample_losses.sum() / out.sample_items.sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()  # as the engine's loop does: the gradients freed
+        return float(loss)
+
+    train_step({k: v[:, :8] for k, v in batch.items()})  # the optimizer's state made on 8 positions, not counted
     before = kib()
-    out = task.step(model, batch)
-    loss = out.sample_losses.sum() / out.sample_items.sum()
-    loss.backward()
+    loss = train_step(batch)
     peak = kib()
     print(json.dumps({"before_mib": before / 1024, "peak_mib": peak / 1024, "step_mib": (peak - before) / 1024,
-                      "loss": float(loss)}))
+                      "loss": loss}))
 
 
 def training(args: argparse.Namespace, rows: list[dict]) -> None:
