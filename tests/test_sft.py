@@ -335,7 +335,12 @@ def test_an_answer_its_turns_frame_also_holds_is_located_by_the_marker(family):
         assert [r.lstrip(" ") for r in learnt_runs(tokenizer, out["labels"][0])] == [answer + END_OF_TURN[family]]
 
 
-@pytest.mark.parametrize("template", [*TEMPLATES.values(), COUNTDOWN, NO_END])
+MARKED = (TEMPLATES["chatml"].replace("{% for message in messages %}", "{% for message in messages %}{% generation %}")
+          .replace("{% endfor %}", "{% endgeneration %}{% endfor %}"))
+"""ChatML with TRL's generation markers (transformers' extension, which our render must know too)."""
+
+
+@pytest.mark.parametrize("template", [*TEMPLATES.values(), COUNTDOWN, NO_END, MARKED])
 def test_the_span_finders_render_is_apply_chat_templates(template):
     """The template compiled once and rendered directly (render.py) gives apply_chat_template's text, with
     and without the generation prompt, for every prefix of conversations with and without a system turn."""
