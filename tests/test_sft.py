@@ -369,3 +369,23 @@ def test_a_token_is_learnt_where_it_overlaps_a_learnt_range():
         expected = [t if e > b and any(e > s and b < f for s, f in ranges) else IGNORE_INDEX
                     for t, (b, e) in zip(ids, offsets, strict=True)]
         assert learnt_labels(ids, offsets, ranges, len(text)) == expected
+
+
+def test_without_transformers_compiler_the_render_falls_back_to_apply_chat_template(monkeypatch):
+    """A transformers whose module lacks the (private) compiler: the render is apply_chat_template's own."""
+    import sys
+    import types
+
+    from app.tasks.sft.render import renderer
+
+    tokenizer = make_tokenizer(TEMPLATES["llama3"])
+    fast = renderer(tokenizer)
+    monkeypatch.setitem(sys.modules, "transformers.utils.chat_template_utils", types.ModuleType("without_it"))
+    fallback = renderer(tokenizer)
+    chat = conversations(1, seed=6)[0]
+    expected = tokenizer.apply_chat_template(chat, tokenize=False)
+    calls = []
+    apply = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: calls.append(1) or apply(*a, **k))
+    assert fast(chat, False) == expected and not calls
+    assert fallback(chat, False) == expected and calls == [1]
