@@ -116,7 +116,7 @@ def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTraine
                          "task.overlong=truncate or drop.")
         if cut:
             ids, labels = ids[:recipe.block_size], labels[:recipe.block_size]
-        learnt = 0 if cut and recipe.overlong is Overlong.drop else sum(label != IGNORE_INDEX for label in labels)
+        learnt = 0 if cut and recipe.overlong is Overlong.drop else len(labels) - labels.count(IGNORE_INDEX)
         for key, value in (("input_ids", ids), ("labels", labels), ("learnt", learnt), ("cut", int(cut))):
             out[key].append(value)
     return out
