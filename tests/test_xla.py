@@ -644,3 +644,42 @@ def test_dpo_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports(chat_fi
     on_host = cpu_evaluation(task, exported)
     assert on_host["logps/chosen"] == pytest.approx(metrics[2]["eval/logps/chosen"], rel=1e-2)
     assert on_host["rewards/margins"] == pytest.approx(metrics[2]["eval/rewards/margins"], abs=0.02)
+
+
+@needs_xla
+@pytest.mark.timeout(300)
+def test_the_chunked_loss_on_xla_has_the_plain_loss_gradients(chat_files):
+    """task.loss_chunk on the XLA device (torch_xla's checkpoint recomputes each chunk in backward):
+    per-position losses and every gradient those of the plain loss, within XLA:CPU's float32 error."""
+    import torch_xla
+
+    from app.tasks.causal_lm.task import token_losses
+    from app.tasks.sft.attention import model_inputs, use_eager_attention
+    from app.tasks.sft.chunked import losses_from_head
+    from tests.helpers.tiny_chat import make_tokenizer
+    from tests.test_sft import packed_batch, tiny_model
+
+    device = torch_xla.device()
+    model = tiny_model(chat_files / "base", "sdpa").train()
+    use_eager_attention(model)
+    model.to(device)
+    _, batch, _, _ = packed_batch(make_tokenizer())
+    batch = {key: value.to(device) for key, value in batch.items()}
+    inputs = model_inputs(batch, True, torch.float32)
+
+    def losses_and_gradients(chunk: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        if chunk:
+            with losses_from_head(model, batch["labels"], chunk):
+                losses = model(**inputs, use_cache=False).logits[..., 0]
+        else:
+            losses = token_losses(model(**inputs, use_cache=False).logits, batch["labels"])[0]
+        losses.sum().backward()
+        return losses.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()]
+
+    plain, plain_grads = losses_and_gradients(0)
+    chunked, chunked_grads = losses_and_gradients(48)  # rows of 160: four chunks, the last one short
+    assert torch.allclose(chunked, plain, atol=1e-5)
+    assert plain_grads[0].abs().sum() > 0
+    for ours, theirs in zip(chunked_grads, plain_grads, strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)
