@@ -492,10 +492,10 @@ def chat_files(tmp_path_factory) -> Path:
 
 SAME_EPOCHS = ("scheduler=constant",)
 """With the log step at each epoch's last step (trainer.log_every_n_steps = the epoch's steps), epochs 2
-and 3 run the same graphs. Linear's schedule would not: torch_xla bakes a learning rate of exactly 0 (its
-warm-up's first step, its last step) into the graph as a constant, one more graph each; and so would a
-log step at another place in each epoch (the step after it, which reads its loss, differs at an epoch's
-end)."""
+and 3 run the same graphs. With the linear schedule a step near the run's end compiled one more graph
+(probably a learning rate of exactly 0 or 1, which torch_xla makes a constant of the graph); with a log
+step elsewhere in the epoch, the step after it (which reads its loss) compiled another graph where it was
+also the epoch's last."""
 
 
 def run_recorded(monkeypatch, *overrides: str, run_dir: Path) -> dict[int, tuple[int, int, dict[str, float]]]:
