@@ -216,11 +216,14 @@ def packed_batch(tokenizer, train_on: TrainOn = TrainOn.assistant):
     return packed, SFTCollator(pad, 160)([packed[i] for i in range(len(packed))]), [rows[i] for i in range(9)], pad
 
 
-def per_conversation_losses(model, batch, explicit_mask: bool = False) -> dict[tuple[int, ...], float]:
-    """Each conversation's summed learnt-token loss, keyed by its token ids."""
+def per_conversation_losses(model, batch, explicit_mask: bool = False, device: str | torch.device = "cpu"
+                            ) -> dict[tuple[int, ...], float]:
+    """Each conversation's summed learnt-token loss, keyed by its token ids; the model runs on ``device``
+    (where the model is), the losses are split on the host."""
+    on_device = {key: value.to(device) for key, value in batch.items()}
     with torch.no_grad():
-        logits = model(**model_inputs(batch, explicit_mask, torch.float32), use_cache=False).logits
-    losses, _ = token_losses(logits, batch["labels"])
+        logits = model(**model_inputs(on_device, explicit_mask, torch.float32), use_cache=False).logits
+        losses = token_losses(logits, on_device["labels"])[0].cpu()
     out = {}
     for row in range(batch["input_ids"].shape[0]):
         starts = (batch["position_ids"][row] == 0).nonzero().flatten().tolist() if "position_ids" in batch else [0]

@@ -470,3 +470,216 @@ def test_the_headline_command_exports_its_best_evaluation_and_its_terminal_shows
     assert "exporting the best evaluation: step 15, eval/f1 = " in screen
     assert (tmp_path / "run" / "model" / "model.safetensors").read_bytes() == \
         (tmp_path / "at_best" / "model" / "model.safetensors").read_bytes()
+
+
+# -- task=sft and task=dpo on XLA ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_files(tmp_path_factory) -> Path:
+    """A tiny ChatML Llama (one layer, 16 wide), conversations and preference pairs, all offline."""
+    from tests.helpers.dpo_pairs import preference_rows
+    from tests.helpers.tiny_chat import conversations, make_tiny_chat_llama, write_jsonl
+
+    folder = tmp_path_factory.mktemp("chat")
+    make_tiny_chat_llama(folder / "base", hidden=16, layers=1, heads=2, kv_heads=1)
+    write_jsonl(folder / "chat.jsonl", [{"messages": c} for c in conversations(48)])
+    write_jsonl(folder / "chat_val.jsonl", [{"messages": c} for c in conversations(12, seed=7)])
+    write_jsonl(folder / "prefs.jsonl", preference_rows(32))
+    write_jsonl(folder / "prefs_val.jsonl", preference_rows(8, seed=7))
+    return folder
+
+
+SAME_EPOCHS = ("scheduler=constant",)
+"""With the log step at each epoch's last step (trainer.log_every_n_steps = the epoch's steps), epochs 2
+and 3 run the same graphs. With the linear schedule a step near the run's end compiled one more graph
+(probably a learning rate of exactly 0 or 1, which torch_xla makes a constant of the graph); with a log
+step elsewhere in the epoch, the step after it (which reads its loss) compiled another graph where it was
+also the epoch's last."""
+
+
+def run_recorded(monkeypatch, *overrides: str, run_dir: Path) -> dict[int, tuple[int, int, dict[str, float]]]:
+    """``python -m app`` in this process (train, evaluate, export), its checkpoint policy also noting, at
+    every evaluation (within an epoch or at its end), the graphs compiled and the host reads so far."""
+    import app.engine.run as engine_run
+    from app.engine.checkpoint import CheckpointPolicy
+
+    at: dict[int, tuple[int, int, dict[str, float]]] = {}
+
+    class Recording(CheckpointPolicy):
+        def on_step_end(self, state, metrics) -> None:
+            super().on_step_end(state, metrics)
+            self.note(state, metrics)
+
+        def on_epoch_end(self, state, metrics) -> None:
+            super().on_epoch_end(state, metrics)
+            self.note(state, metrics)
+
+        @staticmethod
+        def note(state, metrics) -> None:
+            if metrics is not None:
+                at[state.global_step] = (compiled_graphs(), host_reads(), metrics)
+
+    monkeypatch.setattr(engine_run, "CheckpointPolicy", Recording)
+    engine_run.run(compose_config(*overrides, f"hydra.run.dir={run_dir}", "logging.print_config=false", *QUIET),
+                   run_dir)
+    return at
+
+
+def cpu_evaluation(task, model) -> dict[str, float]:
+    """The task's evaluation metrics of ``model`` on the host, float32, batches as the CPU pads them."""
+    from tests.test_sft import OneProcess
+
+    data = task.build_data(OneProcess())
+    batch = data.collate_fn([data.eval[i] for i in range(len(data.eval))])
+    with torch.no_grad():
+        sums = task.evaluation_sums(model.eval(), batch)
+    return task.metrics_from_sums({name: float(value.double().sum()) for name, value in sums.items()})
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "one_per_row"])
+def test_sft_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports_what_it_evaluated(chat_files, tmp_path,
+                                                                                           monkeypatch, packing):
+    """``python -m app task=sft hardware=tpu precision=bf16`` with and without packing: every batch has
+    the block's shape (packed rows, and single conversations padded to task.block_size), so epoch 3
+    compiles no graph that epochs 1 and 2 did not; the evaluation (padded batches, the padding dropped)
+    is the export's on the host in float32, within bf16's error."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from app.tasks.sft.config import SFTConfig
+    from app.tasks.sft.task import SFTTask
+
+    data = (f"task.config={chat_files / 'base'}", f"task.data_files.train={chat_files / 'chat.jsonl'}",
+            f"task.data_files.validation={chat_files / 'chat_val.jsonl'}", "task.block_size=128",
+            f"task.packing={str(packing).lower()}", f"task.cache_dir={chat_files / 'cache'}")
+    run_dir = tmp_path / "run"
+    per_epoch = 7 if packing else 6  # 26 packed rows by 4, 48 conversations by 8
+    at = run_recorded(monkeypatch, "task=sft", "hardware=tpu", "precision=bf16", *data, "trainer.max_epochs=3",
+                      f"trainer.batch_size={4 if packing else 8}", *SAME_EPOCHS, f"trainer.log_every_n_steps={per_epoch}",
+                      "optim.lr=3e-3", run_dir=run_dir)
+    steps = sorted(at)
+    assert steps == [per_epoch, 2 * per_epoch, 3 * per_epoch]  # one evaluation per epoch
+    graphs, reads = [g for g, _, _ in at.values()], [r for _, r, _ in at.values()]
+    assert graphs[2] == graphs[1], graphs
+    # Host reads: the evaluation's sums and the log step's loss, the same in epochs 2 and 3.
+    assert reads[2] - reads[1] == reads[1] - reads[0] <= 20, reads
+    metrics = [m for _, _, m in at.values()]
+    assert metrics[2]["eval/loss"] < metrics[0]["eval/loss"]
+    assert all(m["eval/num_samples"] == (7 if packing else 12) for m in metrics)  # rows: 12 conversations packed in 7
+
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    assert AutoTokenizer.from_pretrained(run_dir / "model").chat_template
+    cfg = SFTConfig(config=str(chat_files / "base"), block_size=128, packing=packing, cache_dir=str(chat_files / "cache"))
+    cfg.data_files.train, cfg.data_files.validation = str(chat_files / "chat.jsonl"), str(chat_files / "chat_val.jsonl")
+    on_host = cpu_evaluation(SFTTask(cfg), exported)
+    assert on_host["loss"] == pytest.approx(metrics[2]["eval/loss"], rel=2e-2)
+    assert on_host["token_accuracy"] == pytest.approx(metrics[2]["eval/token_accuracy"], abs=0.05)
+
+
+@needs_xla
+@pytest.mark.timeout(300)
+def test_packed_conversations_on_xla_never_attend_to_each_other(chat_files):
+    """On the XLA device, with the 4-D block-diagonal mask hardware=tpu uses: each packed conversation's
+    summed loss is its loss alone in a padded row, within XLA:CPU's float32 error; an all-ones 2-D mask
+    (conversations attending to each other) is far off, which this comparison sees."""
+    import torch_xla
+
+    from app.tasks.sft.attention import use_eager_attention
+    from app.tasks.sft.packing import SFTCollator
+    from tests.helpers.tiny_chat import make_tokenizer
+    from tests.test_sft import packed_batch, per_conversation_losses, tiny_model
+
+    device = torch_xla.device()
+    model = tiny_model(chat_files / "base", "sdpa")
+    use_eager_attention(model)  # as SFTTask.build_model does where shapes are fixed
+    model.to(device)
+    _, batch, rows, pad = packed_batch(make_tokenizer())
+    packed = per_conversation_losses(model, batch, explicit_mask=True, device=device)
+    alone = per_conversation_losses(model, SFTCollator(pad, 160)(rows), device=device)
+    assert len(alone) == 9 and all(packed[k] == 0.0 for k in packed if k not in alone)  # each row's padding tail
+    for key, loss in alone.items():
+        assert packed[key] == pytest.approx(loss, abs=1e-4, rel=1e-5)
+    contaminated = per_conversation_losses(model, {**batch, "attention_mask": torch.ones_like(batch["input_ids"])},
+                                           device=device)
+    assert max(abs(contaminated[k] - loss) for k, loss in alone.items()) > 1e-2
+
+
+@needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_dpo_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports(chat_files, tmp_path, monkeypatch):
+    """``python -m app task=dpo hardware=tpu precision=bf16``: chosen and rejected rows padded to
+    task.block_size, the frozen reference copy on the device; epoch 3 compiles nothing new, the margins
+    grow, and the evaluation is the export's on the host (float32) within bf16's error."""
+    from transformers import AutoModelForCausalLM
+
+    from app.tasks.dpo.config import DPOConfig
+    from app.tasks.dpo.task import DPOTask
+
+    data = (f"task.config={chat_files / 'base'}", f"task.data_files.train={chat_files / 'prefs.jsonl'}",
+            f"task.data_files.validation={chat_files / 'prefs_val.jsonl'}", "task.block_size=128",
+            f"task.cache_dir={chat_files / 'cache'}")
+    run_dir = tmp_path / "run"
+    at = run_recorded(monkeypatch, "task=dpo", "hardware=tpu", "precision=bf16", *data, "trainer.max_epochs=3",
+                      "trainer.batch_size=8", *SAME_EPOCHS, "trainer.log_every_n_steps=4", "optim.lr=3e-3",
+                      run_dir=run_dir)
+    steps = sorted(at)
+    assert steps == [4, 8, 12], steps  # 32 pairs by 8, one evaluation per epoch
+    graphs, reads = [g for g, _, _ in at.values()], [r for _, r, _ in at.values()]
+    assert graphs[2] == graphs[1], graphs
+    # Host reads: the evaluation's sums and the log step's loss, the same in epochs 2 and 3.
+    assert reads[2] - reads[1] == reads[1] - reads[0] <= 20, reads
+    metrics = [m for _, _, m in at.values()]
+    assert metrics[2]["eval/rewards/margins"] > metrics[0]["eval/rewards/margins"]
+    assert all(m["eval/num_samples"] == 8 for m in metrics)
+
+    exported = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    cfg = DPOConfig(config=str(chat_files / "base"), block_size=128, packing=False, cache_dir=str(chat_files / "cache"))
+    cfg.data_files.train, cfg.data_files.validation = str(chat_files / "prefs.jsonl"), str(chat_files / "prefs_val.jsonl")
+    task = DPOTask(cfg)
+    task.build_model()  # the reference: the starting weights, as the run's
+    on_host = cpu_evaluation(task, exported)
+    assert on_host["logps/chosen"] == pytest.approx(metrics[2]["eval/logps/chosen"], rel=1e-2)
+    assert on_host["rewards/margins"] == pytest.approx(metrics[2]["eval/rewards/margins"], abs=0.02)
+
+
+@needs_xla
+@pytest.mark.timeout(300)
+def test_the_chunked_loss_on_xla_has_the_plain_loss_gradients(chat_files):
+    """task.loss_chunk on the XLA device (torch_xla's checkpoint recomputes each chunk in backward):
+    per-position losses and every gradient those of the plain loss, within XLA:CPU's float32 error."""
+    import torch_xla
+
+    from app.tasks.causal_lm.task import token_losses
+    from app.tasks.sft.attention import model_inputs, use_eager_attention
+    from app.tasks.sft.chunked import losses_from_head
+    from tests.helpers.tiny_chat import make_tokenizer
+    from tests.test_sft import packed_batch, tiny_model
+
+    device = torch_xla.device()
+    model = tiny_model(chat_files / "base", "sdpa").train()
+    use_eager_attention(model)
+    model.to(device)
+    _, batch, _, _ = packed_batch(make_tokenizer())
+    batch = {key: value.to(device) for key, value in batch.items()}
+    inputs = model_inputs(batch, True, torch.float32)
+
+    def losses_and_gradients(chunk: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        if chunk:
+            with losses_from_head(model, batch["labels"], chunk):
+                losses = model(**inputs, use_cache=False).logits[..., 0]
+        else:
+            losses = token_losses(model(**inputs, use_cache=False).logits, batch["labels"])[0]
+        losses.sum().backward()
+        return losses.detach().cpu(), [p.grad.detach().cpu() for p in model.parameters()]
+
+    plain, plain_grads = losses_and_gradients(0)
+    chunked, chunked_grads = losses_and_gradients(48)  # rows of 160: four chunks, the last one short
+    assert torch.allclose(chunked, plain, atol=1e-5)
+    assert plain_grads[0].abs().sum() > 0
+    for ours, theirs in zip(chunked_grads, plain_grads, strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-5, rtol=1e-4)

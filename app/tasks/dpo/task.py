@@ -29,6 +29,7 @@ from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed, logps_forward
+from app.tasks.sft.attention import use_eager_attention
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.task import SFTTask
 from app.tasks.text.sources import Split, check_data_files
@@ -79,6 +80,7 @@ class DPOTask(SFTTask):
         train, evaluation, key = run_main_first(runtime, self._pairs_read)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._explicit_mask = runtime.static_shapes
         collate = PairCollator(pad if pad is not None else 0, self.cfg.block_size if runtime.static_shapes else None)
         if self.cfg.reference is Reference.precomputed:
             self.reference = Precomputed(key, (train, evaluation), collate, self.cfg.reference_batch_size)
@@ -137,6 +139,8 @@ class DPOTask(SFTTask):
     def build_model(self) -> nn.Module:
         model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
+        if self._explicit_mask:
+            use_eager_attention(model)  # before the copy: the reference runs the same attention
         if self.cfg.reference is Reference.copy:
             self.reference = FrozenCopy(model)  # before any adapter: the starting weights
         return model

@@ -36,6 +36,17 @@ def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype) -> torch.T
         ~allowed, torch.finfo(dtype).min)
 
 
+def use_eager_attention(model: nn.Module) -> None:
+    """Where shapes are fixed (XLA): Transformers' eager attention (matmuls and a softmax, which XLA
+    compiles as it would SDPA's math). Under bf16, XLA's autocast does not cast SDPA's inputs to one dtype
+    (CUDA's and the CPU's do): Llama's rotary embedding leaves the query and key in float32 and the value
+    in bf16, and SDPA refuses them; eager attention's matmuls are cast by autocast. Eager attention also
+    builds its mask without asking the host whether the padding mask could be dropped."""
+    set_attention = getattr(model, "set_attn_implementation", None)
+    if callable(set_attention):
+        set_attention("eager")
+
+
 def model_inputs(batch: dict[str, torch.Tensor], explicit_mask: bool, dtype: torch.dtype) -> dict[str, Any]:
     """What the model is called with: a packed batch's positions, with the 4-D mask if ``explicit_mask``."""
     inputs: dict[str, Any] = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}

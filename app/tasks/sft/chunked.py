@@ -44,6 +44,19 @@ def _chunk_losses(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Te
     return torch.stack([losses, correct], dim=-1)
 
 
+def recomputed(function: Callable[..., torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor],
+               hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``function(head, hidden, targets)``, its activations recomputed in backward. On an XLA device,
+    torch_xla's checkpoint: ``torch.utils.checkpoint`` looks for a ``torch.xla`` module to save the RNG
+    state (there is none), and torch_xla's puts an optimization barrier before the recomputation, which
+    XLA's compiler would otherwise merge back into the forward pass (keeping the logits after all)."""
+    if hidden.device.type == "xla":
+        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
+
+        return xla_checkpoint(function, head, hidden, targets, use_reentrant=True)  # the only kind it has
+    return checkpoint(function, head, hidden, targets, use_reentrant=False)
+
+
 def chunked_losses(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
                    chunk: int) -> torch.Tensor:
     """``(batch, length, 2)``: each position's loss and whether the head's argmax is its target, the head
@@ -52,7 +65,7 @@ def chunked_losses(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.T
     for start in range(0, hidden.shape[1], chunk):
         h, t = hidden[:, start:start + chunk], targets[:, start:start + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(checkpoint(_chunk_losses, head, h, t, use_reentrant=False))
+            pieces.append(recomputed(_chunk_losses, head, h, t))
         else:
             pieces.append(_chunk_losses(head, h, t))
     return torch.cat(pieces, dim=1)

@@ -26,7 +26,7 @@ from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.causal_lm.stream import READ_AHEAD
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
-from app.tasks.sft.attention import check_isolation, model_inputs
+from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.chunked import chunking_holds, losses_from_head, shifted_targets
 from app.tasks.sft.config import DataFormat, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields
@@ -222,6 +222,8 @@ class SFTTask(CausalLMTask):
     def build_model(self) -> nn.Module:
         model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
+        if self._explicit_mask:
+            use_eager_attention(model)
         if self.cfg.packing:
             check_isolation(model, self._explicit_mask)
         chunk = self.cfg.loss_chunk
