@@ -9,6 +9,7 @@ running the reference pass again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 
 from tests.conftest import run_app
 from tests.helpers.dpo_pairs import preference_rows
+from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
@@ -133,7 +135,9 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
 def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     """Pairs of very different lengths, padded with other pairs in a batch of 8 or of 2: each pair is one
     item of the step's mean, and padding changes no pair's log-probabilities, so batch 2 with 4
-    accumulation steps makes batch 8's update (within 1e-6 of its norm)."""
+    accumulation steps makes batch 8's update (within 1e-6 of its norm). The step's training metrics
+    too: ``train/logps/*`` are the means of log-probabilities computed pair by pair without padding,
+    the rewards 0 (the policy is its reference), at either split."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -167,3 +171,79 @@ def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     reference = updates["8"]
     assert reference.norm() > 0
     assert float((updates["2x4"] - reference).norm() / reference.norm()) < 1e-6
+    logps = unpadded_logps(model, train, tmp_path / "cache")
+    for name in updates:
+        (row,) = [r for r in metrics_rows(tmp_path / name) if "train/loss" in r]
+        assert row["train/logps/chosen"] == pytest.approx(sum(logps["chosen"]) / 8, rel=1e-5)
+        assert row["train/logps/rejected"] == pytest.approx(sum(logps["rejected"]) / 8, rel=1e-5)
+        assert all(abs(row[f"train/rewards/{k}"]) < 1e-6 for k in ("chosen", "rejected", "margins", "accuracies"))
+
+
+def unpadded_logps(model: Path, train: Path, cache: Path) -> dict[str, list[float]]:
+    """Each pair's chosen and rejected answer log-probabilities under ``model``, one unpadded row at a
+    time, in float64 (the pairs encoded by the task, nothing else of it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from app.tasks.causal_lm.batches import IGNORE_INDEX
+    from app.tasks.dpo.config import DPOConfig
+    from app.tasks.dpo.task import DPOTask
+
+    class OneProcess:
+        is_main_process, static_shapes = True, False
+
+        def main_process_first(self):
+            return contextlib.nullcontext()
+
+        def register_for_checkpointing(self, *objects) -> None:
+            pass
+
+    cfg = DPOConfig(model=str(model), cache_dir=str(cache), packing=False)
+    cfg.data_files.train, cfg.data_files.validation = str(train), str(train)
+    pairs = DPOTask(cfg).build_data(OneProcess()).train
+    policy = AutoModelForCausalLM.from_pretrained(model).eval()
+    out: dict[str, list[float]] = {"chosen": [], "rejected": []}
+    with torch.no_grad():
+        for pair in pairs:
+            for side, values in out.items():
+                ids, labels = pair[f"{side}_ids"], pair[f"{side}_labels"]
+                logps = torch.log_softmax(policy(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+                values.append(sum(logps[t - 1, labels[t]].item() for t in range(1, len(ids))
+                                     if labels[t] != IGNORE_INDEX))
+    return out
+
+
+def test_training_metrics_are_per_pair_window_means_and_resume_mid_window(tmp_path):
+    """``train/rewards/*`` over a logging window of two steps on the same 8 pairs (batch 8, the training
+    pairs are the evaluation pairs): the first step's rewards are 0 (the policy is its reference), the
+    second's are what the evaluation after the first step measured, so the window's are half the
+    evaluation's. A run stopped at step 3, mid-window, and resumed to step 4 logs the uninterrupted
+    run's rows (the checkpoint holds the window's partial metric sums)."""
+    from app.engine.run import run as run_in_process
+    from tests.conftest import compose_config
+    from tests.helpers.metrics_rows import without_throughput
+
+    model = make_tiny_chat_llama(tmp_path / "model", hidden=16, layers=1, heads=2, kv_heads=1)
+    train = write_jsonl(tmp_path / "train.jsonl", preference_rows(8, seed=3))
+    args = ("task=dpo", f"task.config={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
+            f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
+            "scheduler=constant", "trainer.batch_size=8", "trainer.max_epochs=9", "trainer.log_every_n_steps=2", "trainer.eval_every_n_steps=1",
+            "checkpoint.every_epoch=false", "checkpoint.every_n_steps=3", "early_stopping.patience=null", *QUIET)
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run_in_process(compose_config(*args, "trainer.max_steps=4", f"hydra.run.dir={whole}"), whole)
+    rows = without_throughput(metrics_rows(whole))
+    train_rows = {r["step"]: r for r in rows if "train/loss" in r}
+    evaluated = {r["step"]: r for r in rows if "eval/loss" in r}
+    assert sorted(train_rows) == [2, 4] and sorted(evaluated) == [1, 2, 3, 4]
+    names = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+    assert evaluated[1]["eval/rewards/margins"] > 0 and evaluated[1]["eval/rewards/accuracies"] > 0
+    for name in names:
+        assert train_rows[2][f"train/{name}"] == pytest.approx(evaluated[1][f"eval/{name}"] / 2, rel=1e-4, abs=1e-7)
+    assert {f"train/logps/{side}" for side in ("chosen", "rejected")} <= set(train_rows[2])
+
+    run_in_process(compose_config(*args, "trainer.max_steps=3", f"hydra.run.dir={stopped}"), stopped)
+    run_in_process(compose_config(*args, "trainer.max_steps=4", f"resume={stopped}", f"hydra.run.dir={stopped}"),
+                   stopped)
+    resumed = without_throughput(metrics_rows(stopped))
+    # The stopped run's last line (step 3, the window's first step) stays; the rest is the whole run's.
+    assert [r for r in resumed if not (r["step"] == 3 and "train/loss" in r)] == rows
