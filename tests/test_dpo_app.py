@@ -219,27 +219,29 @@ def test_training_metrics_are_per_pair_window_means_and_resume_mid_window(tmp_pa
     second's are what the evaluation after the first step measured, so the window's are half the
     evaluation's. A run stopped at step 3, mid-window, and resumed to step 4 logs the uninterrupted
     run's rows (the checkpoint holds the window's partial metric sums)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     from app.engine.run import run as run_in_process
     from tests.conftest import compose_config
     from tests.helpers.metrics_rows import without_throughput
 
-    model = make_tiny_chat_llama(tmp_path / "model", hidden=16, layers=1, heads=2, kv_heads=1)
-    train = write_jsonl(tmp_path / "train.jsonl", preference_rows(8, seed=3))
-    args = ("task=dpo", f"task.config={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
-            f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
-            "scheduler=constant", "trainer.batch_size=8", "trainer.max_epochs=9", "trainer.log_every_n_steps=2", "trainer.eval_every_n_steps=1",
-            "checkpoint.every_epoch=false", "checkpoint.every_n_steps=3", "early_stopping.patience=null", *QUIET)
+    args = (*window_args(tmp_path), "trainer.batch_size=8", "checkpoint.every_n_steps=3")
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    run_in_process(compose_config(*args, "trainer.max_steps=4", f"hydra.run.dir={whole}"), whole)
+    run_in_process(compose_config(*args, "trainer.max_steps=4", "logging.trackers=[tensorboard]",
+                                  f"hydra.run.dir={whole}"), whole)
     rows = without_throughput(metrics_rows(whole))
     train_rows = {r["step"]: r for r in rows if "train/loss" in r}
     evaluated = {r["step"]: r for r in rows if "eval/loss" in r}
     assert sorted(train_rows) == [2, 4] and sorted(evaluated) == [1, 2, 3, 4]
-    names = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+    rewards = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
     assert evaluated[1]["eval/rewards/margins"] > 0 and evaluated[1]["eval/rewards/accuracies"] > 0
-    for name in names:
+    for name in rewards:
         assert train_rows[2][f"train/{name}"] == pytest.approx(evaluated[1][f"eval/{name}"] / 2, rel=1e-4, abs=1e-7)
-    assert {f"train/logps/{side}" for side in ("chosen", "rejected")} <= set(train_rows[2])
+    # TensorBoard has the same values as metrics.jsonl, the log-probabilities too.
+    events = EventAccumulator(str(whole / "tensorboard")).Reload()
+    for name in (*rewards, "logps/chosen", "logps/rejected"):
+        scalars = {e.step: e.value for e in events.Scalars(f"train/{name}")}
+        assert scalars == pytest.approx({step: row[f"train/{name}"] for step, row in train_rows.items()}, rel=1e-6)
 
     run_in_process(compose_config(*args, "trainer.max_steps=3", f"hydra.run.dir={stopped}"), stopped)
     run_in_process(compose_config(*args, "trainer.max_steps=4", f"resume={stopped}", f"hydra.run.dir={stopped}"),
@@ -247,3 +249,34 @@ def test_training_metrics_are_per_pair_window_means_and_resume_mid_window(tmp_pa
     resumed = without_throughput(metrics_rows(stopped))
     # The stopped run's last line (step 3, the window's first step) stays; the rest is the whole run's.
     assert [r for r in resumed if not (r["step"] == 3 and "train/loss" in r)] == rows
+
+
+def window_args(tmp_path: Path) -> tuple[str, ...]:
+    """8 pairs, training on the evaluation pairs: SGD steps of every pair, an evaluation after each,
+    a log line every 2 steps."""
+    model = make_tiny_chat_llama(tmp_path / "model", hidden=16, layers=1, heads=2, kv_heads=1)
+    train = write_jsonl(tmp_path / "train.jsonl", preference_rows(8, seed=3))
+    return ("task=dpo", f"task.config={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
+            f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
+            "scheduler=constant", "trainer.max_epochs=9", "trainer.log_every_n_steps=2",
+            "trainer.eval_every_n_steps=1", "checkpoint.every_epoch=false", "early_stopping.patience=null", *QUIET)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hardware", ["multi_cpu", "fsdp"])
+def test_two_processes_log_the_training_metrics_of_one(tmp_path, hardware):
+    """Batch 4 on each of 2 processes (DDP, FSDP2) logs the training metrics of batch 8 on one: each
+    process sums its pairs' metrics, and the window's one reduce adds them up with the loss's sums."""
+    from app.engine.run import run as run_in_process
+    from tests.conftest import compose_config
+    from tests.helpers.metrics_rows import without_throughput
+
+    args = (*window_args(tmp_path), "trainer.max_steps=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_in_process(compose_config(*args, "trainer.batch_size=8", f"hydra.run.dir={one}"), one)
+    run_app(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
+            f"hydra.run.dir={two}", cwd=tmp_path, check=True, timeout=240)
+    (expected,), (got,) = ([r for r in without_throughput(metrics_rows(run)) if "train/loss" in r] for run in (one, two))
+    assert expected["train/rewards/margins"] != 0 and set(got) == set(expected)
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
