@@ -67,12 +67,32 @@ def test_a_run_learns_the_preference_and_exports(prefs):
 
 
 def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
+    """The export's merged weights (``adapter.merge_on_export``, the default) load with
+    ``AutoModelForCausalLM`` and give the trained policy's log-probabilities: the base model with the
+    exported adapter applied (peft), within 1e-4."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base = make_tiny_chat_llama(prefs / "lora_base", hidden=64)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base)).save_pretrained(base)  # weights on disk
     run = prefs / "lora"
-    run_app(*data_args(prefs), "adapter=lora", "task.reference=base", "trainer.max_steps=20", "optim.lr=1e-2",
-            f"hydra.run.dir={run}", cwd=prefs, check=True, timeout=300)
+    run_app(*(a for a in data_args(prefs) if not a.startswith("task.config=")), f"task.model={base}", "adapter=lora",
+            "task.reference=base", "trainer.max_steps=20", "optim.lr=1e-2", f"hydra.run.dir={run}", cwd=prefs,
+            check=True, timeout=300)
     last = [r for r in rows(run) if "eval/loss" in r][-1]
     assert last["eval/rewards/margins"] > 0 and last["eval/loss"] < 0.6931
     assert (run / "model" / "adapter" / "adapter_config.json").is_file()
+    pairs = encoded_pairs(base, prefs / "val.jsonl", prefs / "encoded")[:8]
+    merged = unpadded_logps(AutoModelForCausalLM.from_pretrained(run / "model").eval(), pairs)
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), run / "model" / "adapter").eval()
+    adapted = unpadded_logps(policy, pairs)
+    with policy.disable_adapter():
+        before = unpadded_logps(policy, pairs)
+    for side in ("chosen", "rejected"):
+        assert merged[side] == pytest.approx(adapted[side], abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(adapted["chosen"], before["chosen"], strict=True)) > 1e-2  # it learnt
     proc = run_app(*data_args(prefs), "task.reference=base", "trainer.max_steps=2", f"hydra.run.dir={prefs / 'no'}",
                    cwd=prefs)
     assert proc.returncode == 2
@@ -100,11 +120,12 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
 def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs, hardware):
     """Rank 0 SIGKILLs itself half-way through the second save (step 6); resumed from step 3, the run
     ends with the uninterrupted run's weights and logged values, and its log shows no reference pass.
-    DDP and FSDP2 (the pass runs through the sharded policy on every process)."""
+    DDP and FSDP2 (the pass runs through the sharded policy on every process). Log lines every 2 steps:
+    the checkpoint at step 3 holds each process's partial window (loss and training metrics)."""
     from app.distributed.checkpoint.store import FAULT_ENV
 
     args = (*data_args(prefs), "task.reference=precomputed", "trainer.batch_size=4", "trainer.max_steps=9",
-            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=1",
+            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=2",
             "checkpoint.export=last", "optim.lr=1e-3", f"hardware={hardware}", "hardware.num_processes=2")
     reference, run = prefs / f"uninterrupted-{hardware}", prefs / f"killed-{hardware}"
     whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
@@ -121,6 +142,7 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
         return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in rows(folder)]
 
     assert logged(run) == logged(reference)
+    assert [r["step"] for r in rows(run) if "train/rewards/accuracies" in r] == [2, 4, 6, 8, 9]
     final = rows(run)[-1]
     assert "eval/rewards/accuracies" in final
     # mode=eval of the last checkpoint reads the values from it too: the run's last evaluation, no pass
@@ -171,7 +193,8 @@ def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     reference = updates["8"]
     assert reference.norm() > 0
     assert float((updates["2x4"] - reference).norm() / reference.norm()) < 1e-6
-    logps = unpadded_logps(model, train, tmp_path / "cache")
+    logps = unpadded_logps(AutoModelForCausalLM.from_pretrained(model).eval(),
+                           encoded_pairs(model, train, tmp_path / "encoded"))
     for name in updates:
         (row,) = [r for r in metrics_rows(tmp_path / name) if "train/loss" in r]
         assert row["train/logps/chosen"] == pytest.approx(sum(logps["chosen"]) / 8, rel=1e-5)
@@ -179,13 +202,8 @@ def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
         assert all(abs(row[f"train/rewards/{k}"]) < 1e-6 for k in ("chosen", "rejected", "margins", "accuracies"))
 
 
-def unpadded_logps(model: Path, train: Path, cache: Path) -> dict[str, list[float]]:
-    """Each pair's chosen and rejected answer log-probabilities under ``model``, one unpadded row at a
-    time, in float64 (the pairs encoded by the task, nothing else of it)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from app.tasks.causal_lm.batches import IGNORE_INDEX
+def encoded_pairs(model: Path, pairs: Path, cache: Path) -> list[dict]:
+    """The pairs of ``pairs`` as the task encodes them for ``model``'s tokenizer (nothing else of it)."""
     from app.tasks.dpo.config import DPOConfig
     from app.tasks.dpo.task import DPOTask
 
@@ -199,9 +217,17 @@ def unpadded_logps(model: Path, train: Path, cache: Path) -> dict[str, list[floa
             pass
 
     cfg = DPOConfig(model=str(model), cache_dir=str(cache), packing=False)
-    cfg.data_files.train, cfg.data_files.validation = str(train), str(train)
-    pairs = DPOTask(cfg).build_data(OneProcess()).train
-    policy = AutoModelForCausalLM.from_pretrained(model).eval()
+    cfg.data_files.train, cfg.data_files.validation = str(pairs), str(pairs)
+    return list(DPOTask(cfg).build_data(OneProcess()).train)
+
+
+def unpadded_logps(policy, pairs: list[dict]) -> dict[str, list[float]]:
+    """Each pair's chosen and rejected answer log-probabilities under ``policy``, one unpadded row at a
+    time, in float64."""
+    import torch
+
+    from app.tasks.causal_lm.batches import IGNORE_INDEX
+
     out: dict[str, list[float]] = {"chosen": [], "rejected": []}
     with torch.no_grad():
         for pair in pairs:
@@ -209,7 +235,7 @@ def unpadded_logps(model: Path, train: Path, cache: Path) -> dict[str, list[floa
                 ids, labels = pair[f"{side}_ids"], pair[f"{side}_labels"]
                 logps = torch.log_softmax(policy(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
                 values.append(sum(logps[t - 1, labels[t]].item() for t in range(1, len(ids))
-                                     if labels[t] != IGNORE_INDEX))
+                                  if labels[t] != IGNORE_INDEX))
     return out
 
 
