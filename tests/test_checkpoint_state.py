@@ -219,3 +219,30 @@ def test_a_finished_pass_leaves_nothing_to_skip(tmp_path):
     again, _, _, loader2, _, _ = build(tmp_path)
     again.load_state(tmp_path / "c")
     assert len(list(loader2)) == 13
+
+
+def test_each_process_gets_back_its_own_logging_window():
+    """The engine's part of a checkpoint holds every process's partial logging window: on as many
+    processes each takes its own loss sum, items and task metric sums back; on another number, the
+    mean per process (the loss's approximation); a checkpoint from before holds the main process's."""
+    from app.engine.checkpoint import TrainerState
+    from app.engine.loop import LoopState
+    from app.engine.triggers import EarlyStopping
+
+    saved = TrainerState(LoopState(loss_sum=3.0, loss_items=2.0, metric_sums={"m": 1.0}), EarlyStopping("x", "max", None),
+                         rank=0, world_size=2)
+    saved.loss_sums = [3.0, 5.0]
+    saved.windows = [{"loss_items": 2.0, "metric_sums": {"m": 1.0}}, {"loss_items": 4.0, "metric_sums": {"m": 7.0}}]
+    state = saved.state_dict()
+
+    def loaded(rank: int, world_size: int, checkpoint: dict) -> LoopState:
+        loop = LoopState()
+        TrainerState(loop, EarlyStopping("x", "max", None), rank, world_size).load_state_dict(checkpoint)
+        return loop
+
+    second = loaded(1, 2, state)
+    assert (second.loss_sum, second.loss_items, second.metric_sums) == (5.0, 4.0, {"m": 7.0})
+    alone = loaded(0, 1, state)
+    assert (alone.loss_sum, alone.metric_sums) == (4.0, {"m": 4.0})
+    before = loaded(1, 2, {k: v for k, v in state.items() if k != "windows"})
+    assert (before.loss_sum, before.loss_items, before.metric_sums) == (5.0, 2.0, {"m": 1.0})

@@ -1,14 +1,18 @@
 """``task=dpo`` as a user runs it (``python -m app``): on a toy preference set (the chosen answer keeps
 the grammar's subject/verb rule, the rejected one breaks it) a tiny Llama learns the preference
 (``eval/rewards/accuracies`` above 0.9, monitored by early stopping), TRL's metrics are in
-``metrics.jsonl``, the export loads; LoRA with ``task.reference=base`` trains and exports its adapter;
-bad pairs stop the run with one sentence (exit 2); and with ``task.reference=precomputed`` on 2
-processes, a run SIGKILLed mid-save and resumed ends with the uninterrupted run's weights, without
-running the reference pass again.
+``metrics.jsonl``, the export loads; LoRA with ``task.reference=base`` trains and exports its adapter
+(merged, with the adapted policy's log-probabilities); bad pairs stop the run with one sentence (exit 2);
+with ``task.reference=precomputed`` on 2 processes, a run SIGKILLed mid-save and resumed ends with the
+uninterrupted run's weights, without running the reference pass again. The training metrics
+(``train/rewards/*``, ``train/logps/*``) are per-pair means over the logging window: hand-computed
+log-probabilities, half an evaluation's rewards over a window of two steps, the same at any batch split
+and on 2 processes, in TensorBoard, and unchanged by a resume mid-window.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,6 +20,7 @@ import pytest
 
 from tests.conftest import run_app
 from tests.helpers.dpo_pairs import preference_rows
+from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
@@ -54,7 +59,9 @@ def test_a_run_learns_the_preference_and_exports(prefs):
     assert last["eval/rewards/chosen"] > last["eval/rewards/rejected"]
     assert last["eval/loss"] < first["eval/loss"] < 0.6932
     assert {"eval/logps/chosen", "eval/logps/rejected"} <= set(last)
-    assert any("train/loss" in r for r in rows(run))
+    trained = [r for r in rows(run) if "train/loss" in r]
+    assert trained[-1]["train/rewards/accuracies"] > max(0.8, trained[0]["train/rewards/accuracies"])
+    assert trained[-1]["train/rewards/margins"] > trained[0]["train/rewards/margins"]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(run / "model")
@@ -65,12 +72,32 @@ def test_a_run_learns_the_preference_and_exports(prefs):
 
 
 def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
+    """The export's merged weights (``adapter.merge_on_export``, the default) load with
+    ``AutoModelForCausalLM`` and give the trained policy's log-probabilities: the base model with the
+    exported adapter applied (peft), within 1e-4."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    base = make_tiny_chat_llama(prefs / "lora_base", hidden=64)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base)).save_pretrained(base)  # weights on disk
     run = prefs / "lora"
-    run_app(*data_args(prefs), "adapter=lora", "task.reference=base", "trainer.max_steps=20", "optim.lr=1e-2",
-            f"hydra.run.dir={run}", cwd=prefs, check=True, timeout=300)
+    run_app(*(a for a in data_args(prefs) if not a.startswith("task.config=")), f"task.model={base}", "adapter=lora",
+            "task.reference=base", "trainer.max_steps=20", "optim.lr=1e-2", f"hydra.run.dir={run}", cwd=prefs,
+            check=True, timeout=300)
     last = [r for r in rows(run) if "eval/loss" in r][-1]
     assert last["eval/rewards/margins"] > 0 and last["eval/loss"] < 0.6931
     assert (run / "model" / "adapter" / "adapter_config.json").is_file()
+    pairs = encoded_pairs(base, prefs / "val.jsonl", prefs / "encoded")[:8]
+    merged = unpadded_logps(AutoModelForCausalLM.from_pretrained(run / "model").eval(), pairs)
+    policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), run / "model" / "adapter").eval()
+    adapted = unpadded_logps(policy, pairs)
+    with policy.disable_adapter():
+        before = unpadded_logps(policy, pairs)
+    for side in ("chosen", "rejected"):
+        assert merged[side] == pytest.approx(adapted[side], abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(adapted["chosen"], before["chosen"], strict=True)) > 1e-2  # it learnt
     proc = run_app(*data_args(prefs), "task.reference=base", "trainer.max_steps=2", f"hydra.run.dir={prefs / 'no'}",
                    cwd=prefs)
     assert proc.returncode == 2
@@ -98,11 +125,12 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
 def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs, hardware):
     """Rank 0 SIGKILLs itself half-way through the second save (step 6); resumed from step 3, the run
     ends with the uninterrupted run's weights and logged values, and its log shows no reference pass.
-    DDP and FSDP2 (the pass runs through the sharded policy on every process)."""
+    DDP and FSDP2 (the pass runs through the sharded policy on every process). Log lines every 2 steps:
+    the checkpoint at step 3 holds each process's partial window (loss and training metrics)."""
     from app.distributed.checkpoint.store import FAULT_ENV
 
     args = (*data_args(prefs), "task.reference=precomputed", "trainer.batch_size=4", "trainer.max_steps=9",
-            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=1",
+            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=2",
             "checkpoint.export=last", "optim.lr=1e-3", f"hardware={hardware}", "hardware.num_processes=2")
     reference, run = prefs / f"uninterrupted-{hardware}", prefs / f"killed-{hardware}"
     whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
@@ -119,6 +147,7 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
         return [{k: v for k, v in r.items() if not k.endswith("_per_s")} for r in rows(folder)]
 
     assert logged(run) == logged(reference)
+    assert [r["step"] for r in rows(run) if "train/rewards/accuracies" in r] == [2, 4, 6, 8, 9]
     final = rows(run)[-1]
     assert "eval/rewards/accuracies" in final
     # mode=eval of the last checkpoint reads the values from it too: the run's last evaluation, no pass
@@ -133,7 +162,9 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
 def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     """Pairs of very different lengths, padded with other pairs in a batch of 8 or of 2: each pair is one
     item of the step's mean, and padding changes no pair's log-probabilities, so batch 2 with 4
-    accumulation steps makes batch 8's update (within 1e-6 of its norm)."""
+    accumulation steps makes batch 8's update (within 1e-6 of its norm). The step's training metrics
+    too: ``train/logps/*`` are the means of log-probabilities computed pair by pair without padding,
+    the rewards 0 (the policy is its reference), at either split."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -167,3 +198,116 @@ def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     reference = updates["8"]
     assert reference.norm() > 0
     assert float((updates["2x4"] - reference).norm() / reference.norm()) < 1e-6
+    logps = unpadded_logps(AutoModelForCausalLM.from_pretrained(model).eval(),
+                           encoded_pairs(model, train, tmp_path / "encoded"))
+    for name in updates:
+        (row,) = [r for r in metrics_rows(tmp_path / name) if "train/loss" in r]
+        assert row["train/logps/chosen"] == pytest.approx(sum(logps["chosen"]) / 8, rel=1e-5)
+        assert row["train/logps/rejected"] == pytest.approx(sum(logps["rejected"]) / 8, rel=1e-5)
+        assert all(abs(row[f"train/rewards/{k}"]) < 1e-6 for k in ("chosen", "rejected", "margins", "accuracies"))
+
+
+def encoded_pairs(model: Path, pairs: Path, cache: Path) -> list[dict]:
+    """The pairs of ``pairs`` as the task encodes them for ``model``'s tokenizer (nothing else of it)."""
+    from app.tasks.dpo.config import DPOConfig
+    from app.tasks.dpo.task import DPOTask
+
+    class OneProcess:
+        is_main_process, static_shapes = True, False
+
+        def main_process_first(self):
+            return contextlib.nullcontext()
+
+        def register_for_checkpointing(self, *objects) -> None:
+            pass
+
+    cfg = DPOConfig(model=str(model), cache_dir=str(cache), packing=False)
+    cfg.data_files.train, cfg.data_files.validation = str(pairs), str(pairs)
+    return list(DPOTask(cfg).build_data(OneProcess()).train)
+
+
+def unpadded_logps(policy, pairs: list[dict]) -> dict[str, list[float]]:
+    """Each pair's chosen and rejected answer log-probabilities under ``policy``, one unpadded row at a
+    time, in float64."""
+    import torch
+
+    from app.tasks.causal_lm.batches import IGNORE_INDEX
+
+    out: dict[str, list[float]] = {"chosen": [], "rejected": []}
+    with torch.no_grad():
+        for pair in pairs:
+            for side, values in out.items():
+                ids, labels = pair[f"{side}_ids"], pair[f"{side}_labels"]
+                logps = torch.log_softmax(policy(input_ids=torch.tensor([ids])).logits[0].double(), dim=-1)
+                values.append(sum(logps[t - 1, labels[t]].item() for t in range(1, len(ids))
+                                  if labels[t] != IGNORE_INDEX))
+    return out
+
+
+def test_training_metrics_are_per_pair_window_means_and_resume_mid_window(tmp_path):
+    """``train/rewards/*`` over a logging window of two steps on the same 8 pairs (batch 8, the training
+    pairs are the evaluation pairs): the first step's rewards are 0 (the policy is its reference), the
+    second's are what the evaluation after the first step measured, so the window's are half the
+    evaluation's. A run stopped at step 3, mid-window, and resumed to step 4 logs the uninterrupted
+    run's rows (the checkpoint holds the window's partial metric sums)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from app.engine.run import run as run_in_process
+    from tests.conftest import compose_config
+    from tests.helpers.metrics_rows import without_throughput
+
+    args = (*window_args(tmp_path), "trainer.batch_size=8", "checkpoint.every_n_steps=3")
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run_in_process(compose_config(*args, "trainer.max_steps=4", "logging.trackers=[tensorboard]",
+                                  f"hydra.run.dir={whole}"), whole)
+    rows = without_throughput(metrics_rows(whole))
+    train_rows = {r["step"]: r for r in rows if "train/loss" in r}
+    evaluated = {r["step"]: r for r in rows if "eval/loss" in r}
+    assert sorted(train_rows) == [2, 4] and sorted(evaluated) == [1, 2, 3, 4]
+    rewards = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+    assert evaluated[1]["eval/rewards/margins"] > 0 and evaluated[1]["eval/rewards/accuracies"] > 0
+    for name in rewards:
+        assert train_rows[2][f"train/{name}"] == pytest.approx(evaluated[1][f"eval/{name}"] / 2, rel=1e-4, abs=1e-7)
+    # TensorBoard has the same values as metrics.jsonl, the log-probabilities too.
+    events = EventAccumulator(str(whole / "tensorboard")).Reload()
+    for name in (*rewards, "logps/chosen", "logps/rejected"):
+        scalars = {e.step: e.value for e in events.Scalars(f"train/{name}")}
+        assert scalars == pytest.approx({step: row[f"train/{name}"] for step, row in train_rows.items()}, rel=1e-6)
+
+    run_in_process(compose_config(*args, "trainer.max_steps=3", f"hydra.run.dir={stopped}"), stopped)
+    run_in_process(compose_config(*args, "trainer.max_steps=4", f"resume={stopped}", f"hydra.run.dir={stopped}"),
+                   stopped)
+    resumed = without_throughput(metrics_rows(stopped))
+    # The stopped run's last line (step 3, the window's first step) stays; the rest is the whole run's.
+    assert [r for r in resumed if not (r["step"] == 3 and "train/loss" in r)] == rows
+
+
+def window_args(tmp_path: Path) -> tuple[str, ...]:
+    """8 pairs, training on the evaluation pairs: SGD steps of every pair, an evaluation after each,
+    a log line every 2 steps."""
+    model = make_tiny_chat_llama(tmp_path / "model", hidden=16, layers=1, heads=2, kv_heads=1)
+    train = write_jsonl(tmp_path / "train.jsonl", preference_rows(8, seed=3))
+    return ("task=dpo", f"task.config={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
+            f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
+            "scheduler=constant", "trainer.max_epochs=9", "trainer.log_every_n_steps=2",
+            "trainer.eval_every_n_steps=1", "checkpoint.every_epoch=false", "early_stopping.patience=null", *QUIET)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hardware", ["multi_cpu", "fsdp"])
+def test_two_processes_log_the_training_metrics_of_one(tmp_path, hardware):
+    """Batch 4 on each of 2 processes (DDP, FSDP2) logs the training metrics of batch 8 on one: each
+    process sums its pairs' metrics, and the window's one reduce adds them up with the loss's sums."""
+    from app.engine.run import run as run_in_process
+    from tests.conftest import compose_config
+    from tests.helpers.metrics_rows import without_throughput
+
+    args = (*window_args(tmp_path), "trainer.max_steps=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_in_process(compose_config(*args, "trainer.batch_size=8", f"hydra.run.dir={one}"), one)
+    run_app(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
+            f"hydra.run.dir={two}", cwd=tmp_path, check=True, timeout=240)
+    (expected,), (got,) = ([r for r in without_throughput(metrics_rows(run)) if "train/loss" in r] for run in (one, two))
+    assert expected["train/rewards/margins"] != 0 and set(got) == set(expected)
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)

@@ -302,3 +302,22 @@ def test_native_notices_go_to_the_log_and_a_real_error_reaches_the_terminal_even
     kept = log.read_text().splitlines()
     assert len(kept) == 2 and all(LOG_LINE.match(line) and "][torch_xla][WARNING] - W " in line for line in kept), kept
     assert "GSPMD sharding propagation" in kept[0] and "Failed to deserialize executable" in kept[1]
+
+
+def test_a_plain_progress_line_gives_the_tasks_training_metrics(caplog, monkeypatch):
+    """Where no bar is drawn, the plain line has the task's own training metrics (``train/<name>``,
+    without the prefix) between the loss and the throughput."""
+    import logging
+
+    from app.engine import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "draws_bars", lambda: False)
+    progress = progress_module.Progress(10, enabled=True)
+    progress.update(1)
+    with caplog.at_level(logging.INFO, logger="app.engine.progress"):
+        progress.show(0.69, {"train/samples_per_s": 12.0}, {"train/rewards/accuracies": 0.75, "train/logps/chosen": -12.5})
+        progress.update(1)
+        progress.show(0.5, {"train/samples_per_s": 12.0})
+    assert [r.getMessage() for r in caplog.records if r.name == "app.engine.progress"] == [
+        "train: 1/10 steps (10%), loss=0.6900, rewards/accuracies=0.7500, logps/chosen=-12.5000, 12 samples/s",
+        "train: 2/10 steps (20%), loss=0.5000, 12 samples/s"]

@@ -45,6 +45,7 @@ from app.engine.divergence import weights_are_finite
 from app.engine.loop import Components, LoopState, batches_per_pass, total_optimizer_steps
 from app.engine.progress import human
 from app.engine.triggers import EarlyStopping
+from app.engine.window_metrics import as_floats, restored
 from app.run_folder.layout import (
     CHECKPOINT_PREFIX,
     EXPORT_FILE,
@@ -81,12 +82,14 @@ class TrainerState:
         self.rank, self.world_size = rank, world_size
         self.loss_sums: list[float] = []
         """Set by the policy right before a save: loop.loss_sum of every rank."""
+        self.windows: list[dict[str, Any]] = []
+        """Set with loss_sums: the rest of every rank's logging window (its loss items, its task metric sums)."""
         self.restores = True
         """False while :meth:`kept`: a load leaves the loop and early stopping as they are."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"loop": self.loop.state_dict(), "early_stopping": self.stopper.state_dict(),
-                "loss_sums": self.loss_sums}
+                "loss_sums": self.loss_sums, "windows": self.windows}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not self.restores:
@@ -98,6 +101,12 @@ class TrainerState:
             self.loop.loss_sum = sums[self.rank]
         elif sums:  # another world size: the logged loss of the first window is an approximation
             self.loop.loss_sum = sum(sums) / len(sums)
+        windows = state.get("windows") or []  # none in a checkpoint from before: the main process's values
+        if len(windows) == self.world_size:
+            self.loop.loss_items = windows[self.rank]["loss_items"]
+        metric_sums = restored([w["metric_sums"] for w in windows], self.rank, self.world_size)
+        if metric_sums is not None:
+            self.loop.metric_sums = metric_sums
 
     @contextlib.contextmanager
     def kept(self) -> Iterator[None]:
@@ -186,7 +195,10 @@ class CheckpointPolicy:
             # Whose kept weights a run resumed from here exports (app.engine.best_weights).
             BEST_STEP: self.stopper.best_step,
         }
-        self.trainer_state.loss_sums = self.acc.gather_object(float(state.loss_sum))
+        # Every rank's partial logging window, in one gather.
+        windows = self.acc.gather_object((float(state.loss_sum), float(state.loss_items), as_floats(state.metric_sums)))
+        self.trainer_state.loss_sums = [loss_sum for loss_sum, _, _ in windows]
+        self.trainer_state.windows = [{"loss_items": items, "metric_sums": sums} for _, items, sums in windows]
         folder = self.acc.save_state(metadata=metadata, async_save=self.cfg.async_save, on_complete=self.rotate)
         self.last_saved_step, self.last_saved = state.global_step, folder.name
         return folder

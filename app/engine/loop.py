@@ -32,6 +32,7 @@ from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
+from app.engine.window_metrics import MetricSums, add_sample_metrics, as_floats, logged, on_device
 from app.interrupts import StopSignals, signal_name
 from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples
 
@@ -57,13 +58,17 @@ class LoopState:
     """The items (or micro-batches) summed in loss_sum, this process's; kept like loss_sum."""
     loss_batches: int = 0
     """Micro-batches summed in loss_sum."""
+    metric_sums: MetricSums = field(default_factory=dict)
+    """The task's own training metrics (``StepOutput.sample_metrics``) summed over the same window, by
+    name; kept like loss_sum (``app/engine/window_metrics.py``)."""
     non_finite_loss_step: int | None = None
     """The optimizer step at which the logged training loss was NaN or infinite, if it was."""
     stop_signal: int | None = None
     """The signal (SIGINT, SIGTERM) that stopped training, agreed by every process."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "loss_sum": float(self.loss_sum), "loss_items": float(self.loss_items)}
+        return {**asdict(self), "loss_sum": float(self.loss_sum), "loss_items": float(self.loss_items),
+                "metric_sums": as_floats(self.metric_sums)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "loss_items" not in state:  # a checkpoint from before item-weighted losses: micro-batch means
@@ -77,13 +82,15 @@ class LogWindow(NamedTuple):
 
     step: int
     reading: HostRead
-    """The loss summed over the window and the items (or micro-batches) it sums, on all processes, then
-    the tokens drawn in it where the task counts them (``Accelerator.read_async``)."""
+    """The loss summed over the window and the items (or micro-batches) it sums, then the task's metric
+    sums, on all processes, then the tokens drawn in it where the task counts them (``read_async``)."""
     batches: int
     """Micro-batches this run trained in the window: its throughput."""
     seconds: float
     epoch: int
     lr: float
+    metric_names: tuple[str, ...]
+    """The task's training metrics whose sums ``reading`` holds after the loss's two."""
 
 
 class CheckpointHook(Protocol):
@@ -286,13 +293,15 @@ def train(run: Training) -> None:
         for batch in run.epoch_batches():
             with acc.accumulate(model):
                 sync = acc.sync_gradients  # decided for this micro-batch by accumulate
-                loss, items = summed_loss(acc, task.step(model, batch))
+                out = task.step(model, batch)
+                loss, items = summed_loss(acc, out)
                 # The step's gradient: the mean over all its items, across micro-batches and processes.
                 acc.backward(loss, num_items=items)
                 # Summed on the device (no host sync per step), before the optimizer step: on a lazy
                 # device the sums are then part of the step's graph, which a log step reads a step later.
                 state.loss_sum += loss.detach()
                 state.loss_items += 1 if items is None else items
+                add_sample_metrics(acc, state.metric_sums, out.sample_metrics)
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()
@@ -341,6 +350,7 @@ class Training:
         # On the device while training (a checkpoint reads the partial window from the state).
         state.loss_sum = torch.tensor(float(state.loss_sum), device=acc.device)
         state.loss_items = torch.tensor(float(state.loss_items), device=acc.device)
+        state.metric_sums = {**on_device(state.metric_sums, acc.device)}
         # The logging window: since when, and from which of state.loss_batches (a resumed window began
         # before this run).
         self.window_start, self.window_first_batch = time.perf_counter(), state.loss_batches
@@ -460,16 +470,18 @@ class Training:
         acc, state = self.acc, self.state
         loss_sum, loss_items = state.loss_sum, state.loss_items
         assert isinstance(loss_sum, torch.Tensor) and isinstance(loss_items, torch.Tensor)  # see __init__
-        # Reduced only when there is more than one process, and divided on the host: this step runs
-        # with cold caches, where each tensor op and call costs several times its warm price.
-        sums = acc.reduce(torch.stack((loss_sum, loss_items))).unbind() if self.several_processes \
-            else (loss_sum, loss_items)
+        # Reduced only when there is more than one process (the task's metric sums stacked with the
+        # loss's: one collective), and divided on the host: this step runs with cold caches, where each
+        # tensor op and call costs several times its warm price.
+        metric_sums = on_device(state.metric_sums, acc.device)  # there already: for the type checker
+        names, window_sums = tuple(metric_sums), (loss_sum, loss_items, *metric_sums.values())
+        sums = acc.reduce(torch.stack(window_sums)).unbind() if self.several_processes else window_sums
         tokens = self.throughput.take_tokens()
         reading = acc.read_async(*sums) if tokens is None else acc.read_async(*sums, tokens)
         window = LogWindow(step, reading, state.loss_batches - self.window_first_batch,
                            time.perf_counter() - self.window_start, state.epoch,
                            # The highest group rate: optim.lr's schedule (with optim.layer_decay, the head's).
-                           max(self.c.scheduler.get_last_lr()))
+                           max(self.c.scheduler.get_last_lr()), names)
         if acc.reads_lag:
             self.write_late_log()  # a window closed at once after another (the run's end) keeps its line
             self.late_log = window
@@ -480,6 +492,7 @@ class Training:
             return
         # New sums: the last ones are the reader's.
         state.loss_sum, state.loss_items = torch.zeros_like(loss_sum), torch.zeros_like(loss_items)
+        state.metric_sums = {}  # begun again by the window's first micro-batch
         state.loss_batches = 0
         self.window_start, self.window_first_batch = time.perf_counter(), 0
 
@@ -498,21 +511,25 @@ class Training:
         self.write_log(*window)
         return True
 
-    def write_log(self, step: int, reading: HostRead, batches: int, seconds: float, epoch: int, lr: float) -> None:
+    def write_log(self, step: int, reading: HostRead, batches: int, seconds: float, epoch: int, lr: float,
+                  metric_names: tuple[str, ...]) -> None:
         """A window's line (the fields of a :class:`LogWindow`): the training loss (the mean over the
-        window's items), the learning rate and the throughput (samples/s, tokens/s, MFU:
-        ``app.engine.throughput``); a loss that is not finite is recorded, and stops training with
-        stop_on_nan."""
+        window's items), the task's own metrics (means over the same items), the learning rate and the
+        throughput (samples/s, tokens/s, MFU: ``app.engine.throughput``); a loss that is not finite is
+        recorded, and stops training with stop_on_nan."""
         values = reading.result()
         loss = values[0] / max(values[1], 1)  # no items (every label masked): no loss to speak of
+        task_metrics = logged(metric_names, values[2:2 + len(metric_names)], values[1])
+        tokens = values[2 + len(metric_names):]
         train_metrics = {
             "train/loss": loss,
+            **task_metrics,
             "train/lr": lr,
-            **self.throughput.window(batches, seconds, values[2] if len(values) > 2 else None),
+            **self.throughput.window(batches, seconds, tokens[0] if tokens else None),
             "epoch": epoch,
         }
         self.acc.log(train_metrics, step=step)
-        self.progress.show(loss, train_metrics)
+        self.progress.show(loss, train_metrics, task_metrics)
         if not math.isfinite(loss):
             state = self.state
             if state.non_finite_loss_step is None:

@@ -75,8 +75,10 @@ class Progress:
         elif self.plain is not None:
             self.plain.update(n)
 
-    def show(self, loss: float, throughput: dict[str, Any]) -> None:
-        """A log step's loss and throughput (``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``)."""
+    def show(self, loss: float, throughput: dict[str, Any], task_metrics: dict[str, float] | None = None) -> None:
+        """A log step's loss and throughput (``train/samples_per_s``, ``train/tokens_per_s``, ``train/mfu``);
+        the task's own training metrics (``train/<name>``) in the plain line only (a bar keeps to the loss
+        and the rates, to fit a terminal's width)."""
         if self.bar is not None:
             rates = {"samples_s": f"{throughput['train/samples_per_s']:.0f}"}
             if throughput.get("train/tokens_per_s") is not None:
@@ -85,7 +87,8 @@ class Progress:
                 rates["mfu"] = f"{100 * throughput['train/mfu']:.1f}%"
             self.bar.set_postfix(loss=human(loss), **rates, refresh=False)
         elif self.plain is not None:
-            self.plain.show(f"loss={human(loss)}, {throughput_text(throughput)}")
+            own = human_metrics({k.removeprefix("train/"): v for k, v in (task_metrics or {}).items()})
+            self.plain.show(f"loss={human(loss)}, {own + ', ' if own else ''}{throughput_text(throughput)}")
 
     def close(self, reason: str | None = None) -> None:
         """Close the bar; ``reason`` (why training stopped) replaces its postfix on the last line,

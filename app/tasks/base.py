@@ -85,12 +85,21 @@ class StepOutput:
     sample_items: torch.Tensor | int | None = None
     """The items each of ``sample_losses`` sums: a 1-d tensor with one count per sample (tokens), or one
     number for every sample (1: samples). A 0-d count on the device is never read on the host."""
+    sample_metrics: dict[str, torch.Tensor] | None = None
+    """The task's own training metrics, by name: each one entry per sample (1-d, on the batch's device),
+    summed over that sample's items like ``sample_losses`` (with ``sample_items=1``, the sample's value).
+    The engine sums them over the logging window on the device (detached) and logs ``train/<name>``,
+    the window's sum over its items: the same mean as ``train/loss`` (``app/engine/window_metrics.py``).
+    Training only: evaluation does not read them. Needs ``sample_losses``."""
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.sample_losses is None):
             raise ValueError("StepOutput takes either loss (the batch's mean) or sample_losses (with sample_items).")
         if self.sample_losses is not None and self.sample_items is None:
             raise ValueError("StepOutput(sample_losses=...) needs sample_items: how many items each sample's loss sums.")
+        if self.sample_metrics is not None and self.sample_losses is None:
+            raise ValueError("StepOutput(sample_metrics=...) needs sample_losses: the metrics are averaged over "
+                             "the same items as the loss.")
 
     def mean_loss(self) -> torch.Tensor:
         """This batch's loss per item (0-d): what a one-batch step trains on, in either form."""

@@ -7,7 +7,9 @@ gives both, so they see the same weights (and dropout state). A pair is one item
 (``StepOutput(sample_losses=per pair, sample_items=1)``): the loss is the mean over the pairs of the
 whole optimizer step, at any batch split. Evaluation sums TRL's metrics per pair on each process and
 reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``, ``eval/rewards/chosen``,
-``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``.
+``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``;
+training logs the same six over each logging window's pairs (``train/rewards/chosen``...:
+``StepOutput.sample_metrics``).
 """
 
 from __future__ import annotations
@@ -156,9 +158,10 @@ class DPOTask(SFTTask):
                                  cfg.beta, cfg.label_smoothing, cfg.loss_type)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
-        """Each pair's loss; a pair is one item of the step's mean."""
-        losses, _ = self._pairs(model, batch)
-        return StepOutput(sample_losses=losses, sample_items=1)
+        """Each pair's loss; a pair is one item of the step's mean. TRL's metrics per pair too: the engine
+        logs their means over the logging window's pairs (``train/rewards/accuracies``...), as evaluation does."""
+        losses, metrics = self._pairs(model, batch)
+        return StepOutput(sample_losses=losses, sample_items=1, sample_metrics=metrics)
 
     def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         losses, metrics = self._pairs(model, batch)

@@ -1,0 +1,65 @@
+"""A task's own training metrics (``StepOutput.sample_metrics``: task=dpo's rewards and log-probabilities)
+in the logging window, beside the training loss, and kept like it:
+
+- summed on the device as each micro-batch is trained (detached; the duplicates that complete an epoch's
+  last global batch left out, as for the loss): no host sync per step;
+- reduced across processes at a log step in the window's one collective, stacked with the loss's sums;
+- logged as ``train/<name>``: the window's sum over the window's items, the mean ``train/loss`` is (for a
+  task whose items are samples, the mean per sample), in the same line, ``metrics.jsonl`` row and
+  tracker call as ``train/loss``;
+- held in the loop state as host floats by a checkpoint, every process's own (``TrainerState``), so a
+  run resumed mid-window logs what the uninterrupted run logs.
+
+The sums are a dict by name, in the order the task gives them: every process runs the same task, so
+every process stacks them in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+PREFIX = "train/"
+
+MetricSums = dict[str, "float | torch.Tensor"]
+"""The window's sums by metric name: device tensors while training, floats in a checkpoint."""
+
+
+def add_sample_metrics(acc: Any, sums: MetricSums, metrics: dict[str, torch.Tensor] | None) -> None:
+    """Add a micro-batch's per-sample metrics (this process's real samples) to the window's sums, on
+    the device. A new tensor each time, never an in-place change: a closed window's sums are its reader's."""
+    if not metrics:
+        return
+    for name, values in acc.local_for_metrics(metrics).items():
+        total = values.detach().float().sum()
+        sums[name] = sums[name] + total if name in sums else total
+
+
+def on_device(sums: MetricSums, device: torch.device) -> dict[str, torch.Tensor]:
+    """A checkpoint's sums (floats) as running sums on the device; sums already there are kept (no op)."""
+    return {name: value if isinstance(value, torch.Tensor) else torch.tensor(float(value), device=device)
+            for name, value in sums.items()}
+
+
+def as_floats(sums: MetricSums) -> dict[str, float]:
+    """The sums as a checkpoint holds them (a host read each: only at a save)."""
+    return {name: float(value) for name, value in sums.items()}
+
+
+def logged(names: tuple[str, ...], values: tuple[float, ...], items: float) -> dict[str, float]:
+    """The window's ``train/<name>`` values from its reduced sums (``values``, in ``names`` order) and
+    the items its loss sums; no items (every label masked): 0/1, as for the loss."""
+    return {PREFIX + name: value / max(items, 1) for name, value in zip(names, values, strict=True)}
+
+
+def restored(windows: list[dict[str, float]], rank: int, world_size: int) -> MetricSums | None:
+    """This process's partial sums from a checkpoint's per-process ones (``windows``, one per process
+    that saved it); with another number of processes, the mean per process (an approximation, as for
+    the loss: the first window after the resume weighs the ranks alike). None: the checkpoint has none."""
+    if len(windows) == world_size:
+        return {**windows[rank]}
+    if not windows:
+        return None
+    names = list(windows[0])
+    return {name: sum(w.get(name, 0.0) for w in windows) / len(windows) for name in names}
