@@ -28,6 +28,7 @@ class OneProcess:
 
     is_main_process = True
     static_shapes = False
+    num_processes, process_index = 1, 0
 
     def __init__(self) -> None:
         self.registered: list = []
@@ -37,6 +38,13 @@ class OneProcess:
 
     def register_for_checkpointing(self, *objects) -> None:
         self.registered.extend(objects)
+
+    def reduce(self, tensor, reduction="sum", scale=1.0):
+        return tensor
+
+    def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+        assert evaluation_mode and not any(p.requires_grad for p in model.parameters())
+        return model.eval()  # one CPU process in full precision: placed and autocast already
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,12 @@
 """The reference model's answer log-probabilities, three ways (``task.reference``):
 
-- :class:`FrozenCopy`: a copy of the starting weights, frozen, moved to the batch's device at its
-  first use (the policy's precision autocast does not wrap it: it runs in the weights' dtype).
+- :class:`FrozenCopy`: a copy of the starting weights, frozen, prepared by the runtime as the policy
+  is (device, autocast; under FSDP2 sharded with the same units, 1/N on each process).
 - :class:`AdaptersDisabled`: the policy itself with peft's adapters disabled (``disable_adapter()``),
   through the prepared model (DDP, FSDP2, autocast alike).
 - :class:`Precomputed`: a table of values, one row (chosen, rejected) per pair of the training and
-  evaluation sets, filled by one pass with the starting weights before the first training step. It
-  is registered for checkpointing, so every checkpoint holds it and a resumed run (or ``mode=eval`` of
+  evaluation sets, filled by one pass with the starting weights before the first training step, split
+  across the processes and completed by one all-reduce. It is registered for checkpointing, so every checkpoint holds it and a resumed run (or ``mode=eval`` of
   a checkpoint) reads it back instead of computing it again.
 """
 
@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from app.config import ConfigError
+from app.tasks.base import TaskRuntime
 from app.tasks.dpo.loss import answer_logps
 
 log = logging.getLogger(__name__)
@@ -30,13 +31,16 @@ Forward = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 
 class FrozenCopy:
-    def __init__(self, model: nn.Module):
-        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+    """The starting weights, copied (before any adapter) and frozen, prepared by the runtime as a model
+    that only runs forward (``prepare_model(evaluation_mode=True)``): on the device, under the policy's
+    autocast (so at the first step it computes exactly what the policy does) and, under FSDP2, sharded
+    with the policy's ``fully_shard`` units: each process holds 1/N of it, and its forward is a
+    collective that every process runs at every step, as it runs the policy's."""
+
+    def __init__(self, model: nn.Module, runtime: TaskRuntime):
+        self.model = runtime.prepare_model(copy.deepcopy(model).requires_grad_(False), evaluation_mode=True)
 
     def __call__(self, policy: nn.Module, batch: dict[str, torch.Tensor], forward: Forward) -> torch.Tensor:
-        device = batch["input_ids"].device
-        if next(self.model.parameters()).device != device:
-            self.model.to(device)
         with torch.no_grad():
             return forward(self.model, batch)
 
@@ -63,14 +67,23 @@ def peft_model_in(model: nn.Module) -> Any:
 
 class Precomputed:
     """The table of reference values, ``(pairs, 2)`` float32, training pairs first (the batches carry each
-    pair's row number, ``pair``). ``state_dict`` / ``load_state_dict``: see the module's docstring."""
+    pair's row number, ``pair``). ``state_dict`` / ``load_state_dict``: see the module's docstring.
+
+    The pass is split across the processes: the pairs are cut into batches of ``batch_size``, process
+    ``p`` of ``N`` runs batches ``p, p+N, p+2N…`` and writes its rows into a zero-filled table, which one
+    all-reduce (a sum: each row is non-zero on one process only, so the sum is exact) completes on every
+    process. Every process runs the same number of forwards: through DDP (buffers) and FSDP2 (weights)
+    a forward is a collective, so a process short of a batch runs one of its own again, unkept."""
 
     def __init__(self, data_key: str, pair_sets: Sequence[Any], collate: Callable[[list[dict]], dict],
-                 batch_size: int):
+                 batch_size: int, runtime: TaskRuntime):
         self.data_key, self.pair_sets, self.collate, self.batch_size = data_key, pair_sets, collate, batch_size
+        self.runtime = runtime
         self.table: torch.Tensor | None = None
         self.passes = 0
         """Passes this process ran (0 after a resume: the values came from the checkpoint)."""
+        self.pairs_computed = 0
+        """Pairs whose values this process computed (its share of the pass)."""
         self._on_device: torch.Tensor | None = None
 
     def state_dict(self) -> dict[str, Any]:
@@ -94,25 +107,37 @@ class Precomputed:
         return self._on_device[batch["pair"]].T.flatten()  # chosen rows, then rejected rows
 
     def compute(self, model: nn.Module, forward: Forward, device: torch.device) -> torch.Tensor:
-        """One pass over every pair with the model as it is (the starting weights), in evaluation mode."""
+        """One pass over every pair with the model as it is (the starting weights), in evaluation mode,
+        this process's share of it; the whole table on every process."""
         sizes = [len(pairs) for pairs in self.pair_sets]
+        batches = [(pairs, start) for pairs in self.pair_sets for start in range(0, len(pairs), self.batch_size)]
+        world, rank = self.runtime.num_processes, self.runtime.process_index
+        shares = [sum(min(self.batch_size, len(p) - s) for p, s in batches[r::world]) for r in range(world)]
         log.info("reference log-probabilities: one pass over %s pairs with the starting weights "
-                 "(task.reference=precomputed)", " + ".join(f"{n:,}" for n in sizes))
-        table = torch.empty(sum(sizes), 2)
+                 "(task.reference=precomputed)%s", " + ".join(f"{n:,}" for n in sizes),
+                 f", split over {world} processes: {', '.join(f'{n:,}' for n in shares)} pairs" if world > 1 else "")
+        mine = batches[rank::world]
+        rounds = -(-len(batches) // world)
+        table = torch.zeros(sum(sizes), 2, device=device)
         model.eval()
         try:
             with torch.no_grad():
-                for pairs in self.pair_sets:
-                    for start in range(0, len(pairs), self.batch_size):
-                        columns = pairs[start:start + self.batch_size]
-                        rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
-                        batch = {k: v.to(device) for k, v in self.collate(rows).items()}
-                        values = forward(model, batch).view(2, -1).T.float().cpu()
-                        table[batch["pair"].cpu()] = values
+                for k in range(rounds):
+                    # Past its share, a process runs its last batch again (or the first): its peers need the forward.
+                    pairs, start = mine[min(k, len(mine) - 1)] if mine else batches[0]
+                    columns = pairs[start:start + self.batch_size]
+                    rows = [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=True)]
+                    batch = {key: v.to(device) for key, v in self.collate(rows).items()}
+                    values = forward(model, batch).view(2, -1).T.float()
+                    if k < len(mine):
+                        table[batch["pair"]] = values
+                        self.pairs_computed += len(rows)
         finally:
             model.train()
+        if world > 1:
+            table = self.runtime.reduce(table, "sum")
         self.passes += 1
-        return table
+        return table.cpu()
 
 
 def logps_forward(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

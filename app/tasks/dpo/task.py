@@ -76,12 +76,13 @@ class DPOTask(SFTTask):
             import datasets
 
             datasets.disable_progress_bars()
+        self._runtime = runtime  # build_model prepares the reference copy with it
         train, evaluation, key = run_main_first(runtime, self._pairs_read)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         collate = PairCollator(pad if pad is not None else 0, self.cfg.block_size if runtime.static_shapes else None)
         if self.cfg.reference is Reference.precomputed:
-            self.reference = Precomputed(key, (train, evaluation), collate, self.cfg.reference_batch_size)
+            self.reference = Precomputed(key, (train, evaluation), collate, self.cfg.reference_batch_size, runtime)
             runtime.register_for_checkpointing(self.reference)
         lengths = [max(len(c), len(r)) for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
         return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
@@ -137,8 +138,12 @@ class DPOTask(SFTTask):
     def build_model(self) -> nn.Module:
         model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
-        if self.cfg.reference is Reference.copy:
-            self.reference = FrozenCopy(model)  # before any adapter: the starting weights
+        if self.cfg.reference is Reference.copy and self.reference is None:
+            # Before any adapter: the starting weights. Once: an adapter's export rebuilds the model on
+            # the main process alone, and preparing a copy under FSDP2 takes every process.
+            if self._runtime is None:
+                raise RuntimeError("build_data() keeps the runtime that prepares the reference copy; call it first.")
+            self.reference = FrozenCopy(model, self._runtime)
         return model
 
     def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
