@@ -218,7 +218,7 @@ def test_a_bad_pair_is_refused_naming_its_file_and_line(tmp_path, chat_llama, ch
 
 
 def test_options_are_checked():
-    for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True}, "packing"),
+    for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True}, "packing"), ({"streaming": True}, "stream"),
                          ({"loss_type": LossType.ipo, "label_smoothing": 0.1}, "label_smoothing")):
         cfg = DPOConfig(config="x", **options)
         cfg.data_files.train = "x.jsonl"
