@@ -139,6 +139,10 @@ class TaskRuntime(Protocol):
         """All-reduce across the processes (``sum``, ``mean``, ``max``, ``min``): every process calls it."""
         ...
 
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every process's ``obj`` (picklable), to every process; lists are concatenated."""
+        ...
+
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
                       evaluation_mode: bool = False) -> nn.Module:
         """With ``evaluation_mode=True``: a second, frozen model that runs forward beside the trained one

@@ -61,9 +61,6 @@ class DPOConfig(SFTConfig):
             raise ConfigError(f"task.label_smoothing applies to task.loss_type=sigmoid, not {self.loss_type.value}.")
         if self.reference_batch_size < 1:
             raise ConfigError(f"task.reference_batch_size must be at least 1, got {self.reference_batch_size}.")
-        if self.streaming:
-            raise ConfigError("task=dpo reads its pairs whole, not as a stream (task.streaming=true is not supported "
-                              "yet): leave task.streaming=false.")
         if self.packing:
             raise ConfigError("task=dpo runs one pair per row (task.packing=true is not supported yet).")
         if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
