@@ -277,3 +277,12 @@ def test_a_streamed_file_gives_the_map_style_pairs_named_by_offset_and_resumes_e
     again = dpo_task(tmp_path / "s", chat_llama, rows, streaming=True, eval_documents=3)[1].train
     again.load_state_dict(saved)
     assert [p["pair"] for p in again] == offsets[3 + 5:]
+
+
+def test_a_bad_streamed_pair_is_refused_naming_its_byte_offset(tmp_path, chat_llama):
+    rows = preference_rows(8, seed=9)
+    rows[5]["rejected"] = rows[5]["chosen"]
+    _, streamed, _ = dpo_task(tmp_path, chat_llama, rows, streaming=True, eval_documents=2)
+    offset = sum(len(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines(keepends=True)[:5])
+    with pytest.raises(ConfigError, match=f"prefs.jsonl, the line at byte {offset}: the 'chosen' and 'rejected' "):
+        list(streamed.train)

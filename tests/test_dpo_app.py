@@ -90,14 +90,6 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
         f"error: {prefs / 'bad.jsonl'} line 5: the 'chosen' and 'rejected' answers are identical.")
 
 
-def test_streaming_is_refused_with_one_sentence_not_ignored(prefs):
-    proc = run_app(*data_args(prefs), "task.streaming=true", f"hydra.run.dir={prefs / 'streamed'}", cwd=prefs)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "error: task=dpo reads its pairs whole, not as a stream (task.streaming=true is not supported yet): leave "
-        "task.streaming=false.")
-
-
 @pytest.mark.signals
 @pytest.mark.slow
 @pytest.mark.multiprocess

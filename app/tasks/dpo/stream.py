@@ -35,7 +35,7 @@ class StreamedFields(PairFields):
     """A streamed line is named by its byte offset (a stream that seeks does not count lines)."""
 
     def where(self, index: int) -> str:
-        return f"{self.origin}, the line at byte {index},"
+        return f"{self.origin}, the line at byte {index}"
 
 
 class PairStream(LineStream):
