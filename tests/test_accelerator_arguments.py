@@ -369,7 +369,11 @@ def m_prepare_model(tmp_path: Path) -> None:
     assert acc.prepare_model(already, device_placement=False) is already  # nothing to move
     refused("device_placement=False: the backend places and wraps the model on meta",
             lambda: acc.prepare_model(model(), device_placement=False))
-    refused("prepare_model(evaluation_mode=True) is not supported",
+    # evaluation_mode: a frozen model for inference beside the trained one, placed, not kept for checkpoints
+    frozen = acc.prepare_model(model().requires_grad_(False), evaluation_mode=True)
+    assert frozen.weight.device.type == "meta" and not frozen.training
+    assert not any(frozen is m for m in acc._models)
+    refused("prepare_model(evaluation_mode=True) takes a frozen model",
             lambda: acc.prepare_model(model(), evaluation_mode=True))
 
 

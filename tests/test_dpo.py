@@ -28,6 +28,7 @@ class OneProcess:
 
     is_main_process = True
     static_shapes = False
+    num_processes, process_index = 1, 0
 
     def __init__(self) -> None:
         self.registered: list = []
@@ -37,6 +38,16 @@ class OneProcess:
 
     def register_for_checkpointing(self, *objects) -> None:
         self.registered.extend(objects)
+
+    def reduce(self, tensor, reduction="sum", scale=1.0):
+        return tensor
+
+    def gather_object(self, obj):
+        return list(obj)
+
+    def prepare_model(self, model, device_placement=None, evaluation_mode=False):
+        assert evaluation_mode and not any(p.requires_grad for p in model.parameters())
+        return model.eval()  # one CPU process in full precision: placed and autocast already
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +238,51 @@ def test_field_names_and_the_held_out_share_are_the_configs(tmp_path, chat_llama
     assert "train: 30 pairs of" in " | ".join(task.data_summary())
     with pytest.raises(ConfigError, match="has no 'chosen' or 'rejected' column \\(it has question, good, bad\\)"):
         dpo_task(tmp_path / "missing", chat_llama, rows)
+
+
+def test_a_streamed_file_gives_the_map_style_pairs_named_by_offset_and_resumes_exactly(tmp_path, chat_llama):
+    """task.streaming=true: the pairs read line by line are the map-style ones (ids, labels), each named by
+    its line's byte offset; the precomputed table holds them under that key (and the evaluation pairs
+    under -1, -2…); a stream resumed from its saved position goes on with the next pair."""
+    from app.tasks.dpo.stream import PairStream
+
+    rows = preference_rows(14, seed=8)
+    _, data, _ = dpo_task(tmp_path / "whole", chat_llama, rows, eval_fraction=0.0001)
+    task, streamed, _ = dpo_task(tmp_path / "s", chat_llama, rows, streaming=True, eval_documents=3,
+                                       reference=Reference.precomputed)
+    assert isinstance(streamed.train, PairStream) and streamed.train_lengths is None
+    assert list(streamed.eval["pair"]) == [-1, -2, -3]
+    pairs = list(streamed.train)
+    lines = (tmp_path / "s" / "prefs.jsonl").read_bytes().splitlines(keepends=True)
+    offsets = [sum(len(line) for line in lines[:k]) for k in range(len(lines))]
+    assert [p["pair"] for p in pairs] == offsets[3:]
+    columns = ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels")
+    mapped = {tuple(tuple(r[c]) for c in columns) for split in (data.train, data.eval) for r in split}
+    assert all(tuple(tuple(p[c]) for c in columns) in mapped for p in pairs)
+    model = task.build_model().train()
+    batch = streamed.collate_fn(pairs[4:8])
+    reference = task.reference(model, batch, logps_forward)
+    assert torch.allclose(reference, logps_forward(model, batch).detach(), atol=1e-6, rtol=0)
+    assert task.reference.pairs_computed == len(pairs) + 3 and task.reference.keys.tolist() == [-3, -2, -1, *offsets[3:]]
+    evaluation = streamed.collate_fn([streamed.eval[1]])
+    assert torch.allclose(task.reference(model, evaluation, logps_forward), logps_forward(model, evaluation), atol=1e-6)
+    # resume: a fresh stream at the saved position goes on with the next pair
+    stream = streamed.train
+    assert stream.state_dict()["offset"] == len(b"".join(lines))  # the pass read a copy: this one is where it was
+    stream.set_shard(0, 1)  # from the start, as a loader's pass
+    it = iter(stream)
+    for _ in range(5):
+        next(it)
+    saved = stream.state_dict()
+    again = dpo_task(tmp_path / "s", chat_llama, rows, streaming=True, eval_documents=3)[1].train
+    again.load_state_dict(saved)
+    assert [p["pair"] for p in again] == offsets[3 + 5:]
+
+
+def test_a_bad_streamed_pair_is_refused_naming_its_byte_offset(tmp_path, chat_llama):
+    rows = preference_rows(8, seed=9)
+    rows[5]["rejected"] = rows[5]["chosen"]
+    _, streamed, _ = dpo_task(tmp_path, chat_llama, rows, streaming=True, eval_documents=2)
+    offset = sum(len(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines(keepends=True)[:5])
+    with pytest.raises(ConfigError, match=f"prefs.jsonl, the line at byte {offset}: the 'chosen' and 'rejected' "):
+        list(streamed.train)

@@ -121,20 +121,26 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("hardware", ["multi_cpu", "fsdp"])
-def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs, hardware):
+@pytest.mark.parametrize(("hardware", "streaming"), [("multi_cpu", False), ("fsdp", False), ("fsdp", True)])
+def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(prefs, hardware, streaming):
     """Rank 0 SIGKILLs itself half-way through the second save (step 6); resumed from step 3, the run
     ends with the uninterrupted run's weights and logged values, and its log shows no reference pass.
-    DDP and FSDP2 (the pass runs through the sharded policy on every process). Log lines every 2 steps:
-    the checkpoint at step 3 holds each process's partial window (loss and training metrics)."""
+    DDP and FSDP2 (the pass split over the processes, through the sharded policy), and FSDP2 with the
+    training file streamed (the pass over each process's part of it, the values keyed by byte offset). Log
+    lines every 2 steps: the checkpoint at step 3 holds each process's partial window (loss and training
+    metrics)."""
     from app.distributed.checkpoint.store import FAULT_ENV
 
     args = (*data_args(prefs), "task.reference=precomputed", "trainer.batch_size=4", "trainer.max_steps=9",
             "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=2",
-            "checkpoint.export=last", "optim.lr=1e-3", f"hardware={hardware}", "hardware.num_processes=2")
-    reference, run = prefs / f"uninterrupted-{hardware}", prefs / f"killed-{hardware}"
+            "checkpoint.export=last", "optim.lr=1e-3", f"task.streaming={str(streaming).lower()}",
+            f"hardware={hardware}", "hardware.num_processes=2")
+    name = f"{hardware}{'-streamed' if streaming else ''}"
+    reference, run = prefs / f"uninterrupted-{name}", prefs / f"killed-{name}"
     whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
-    assert (whole.stdout + whole.stderr).count(PASS) == 1  # the main process's log
+    said = whole.stdout + whole.stderr
+    assert said.count(PASS) == 1 and "split over 2 processes" in said  # the main process's log
+    assert ("train: streamed from" in said) is streaming
     proc = run_app(*args, f"hydra.run.dir={run}", cwd=prefs, env={FAULT_ENV: "files:1"})
     assert proc.returncode != 0 and (proc.stdout + proc.stderr).count(PASS) == 1
     resumed = run_app(f"resume={run}", cwd=prefs, check=True)
@@ -151,10 +157,10 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
     final = rows(run)[-1]
     assert "eval/rewards/accuracies" in final
     # mode=eval of the last checkpoint reads the values from it too: the run's last evaluation, no pass
-    evaluated = run_app(f"resume={run / 'checkpoints'}", "mode=eval", *args[:-2], f"hydra.run.dir={prefs / 'eval'}",
+    evaluated = run_app(f"resume={run / 'checkpoints'}", "mode=eval", *args[:-2], f"hydra.run.dir={prefs / name}",
                         cwd=prefs, check=True)
     assert PASS not in evaluated.stdout + evaluated.stderr
-    metrics = json.loads((prefs / "eval" / "eval_metrics.json").read_text())["metrics"]
+    metrics = json.loads((prefs / name / "eval_metrics.json").read_text())["metrics"]
     assert {k: metrics[k] for k in final if k.startswith("eval/")} == {k: v for k, v in final.items()
                                                                        if k.startswith("eval/")}
 

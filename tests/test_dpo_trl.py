@@ -88,7 +88,9 @@ def test_the_first_batch_agrees_with_trl_with_a_frozen_copy(tmp_path, tokenizer)
         for p in policy.parameters():
             p.add_(0.05 * torch.randn_like(p))
     policy.train()
-    mine = ours(tokenizer, rows, policy, FrozenCopy(reference))
+    from app.distributed import Accelerator
+
+    mine = ours(tokenizer, rows, policy, FrozenCopy(reference, Accelerator()))  # one process, full precision
     trl_loss, trl_metrics = theirs(tmp_path, tokenizer, rows, copy.deepcopy(policy), copy.deepcopy(reference))
     assert abs(mine[0] - trl_loss) < 1e-5
     assert mine[0] != pytest.approx(0.6931, abs=1e-3)  # the policy moved: not the trivial ln 2

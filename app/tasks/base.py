@@ -136,6 +136,29 @@ class TaskRuntime(Protocol):
         ``build_data``, in the same order each time."""
         ...
 
+    @property
+    def num_processes(self) -> int:
+        ...
+
+    @property
+    def process_index(self) -> int:
+        ...
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """All-reduce across the processes (``sum``, ``mean``, ``max``, ``min``): every process calls it."""
+        ...
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every process's ``obj`` (picklable), to every process; lists are concatenated."""
+        ...
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None,
+                      evaluation_mode: bool = False) -> nn.Module:
+        """With ``evaluation_mode=True``: a second, frozen model that runs forward beside the trained one
+        (a reference, a teacher), placed, sharded and autocast as the trained model will be. The trained
+        model itself is the engine's to prepare."""
+        ...
+
 
 class Task(Protocol):
     """What the engine drives. A task outside ``app/`` also names its config schema (``config_class``,

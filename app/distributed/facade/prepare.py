@@ -62,10 +62,15 @@ class Preparing(AcceleratorFields):
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         """Place the model on the device, wrap it for the backend (DDP, FSDP2...) and run its forward
         under the precision's autocast. ``device_placement=False`` leaves a model where it is only
-        when that is the device already: the backend's wrapper needs it there."""
+        when that is the device already: the backend's wrapper needs it there.
+
+        ``evaluation_mode=True``: a frozen model that only runs forward beside the trained one (a DPO
+        reference, a teacher). Placed and sharded as the trained model is (FSDP2: the same
+        ``fully_shard`` units, each process holds its share, so its forward is a collective every
+        process must run), its forward under the same autocast; never wrapped for DDP, and not saved
+        with checkpoints (it does not change). Accelerate leaves such a model unsharded."""
         if evaluation_mode:
-            raise ValueError("prepare_model(evaluation_mode=True) is not supported: prepare the model as usual (a "
-                             "model without trainable parameters is not wrapped for DDP).")
+            return self._prepare_frozen(model)
         place = device_placement if device_placement is not None else self.device_placement
         if not place and any(p.device != self.device for p in model.parameters()):
             raise ValueError(f"device_placement=False: the backend places and wraps the model on {self.device} "
@@ -75,13 +80,22 @@ class Preparing(AcceleratorFields):
         if self.num_processes > 1 and self.verify_device_map(model):
             raise ValueError("this model was loaded with a device_map over several devices; it cannot be trained "
                              "on several processes (load it without device_map).")
-        wrapped = self.backend.wrap_model(model)
+        wrapped = self._in_autocast(self.backend.wrap_model(model))
+        self._models.append(wrapped)
+        return wrapped
+
+    def _prepare_frozen(self, model: nn.Module) -> nn.Module:
+        if any(p.requires_grad for p in model.parameters()):
+            raise ValueError("prepare_model(evaluation_mode=True) takes a frozen model (it is never trained or "
+                             "synchronised): call model.requires_grad_(False) first.")
+        return self._in_autocast(self.backend.wrap_model(model.eval()))
+
+    def _in_autocast(self, wrapped: nn.Module) -> nn.Module:
         inner = self.backend.unwrap_model(wrapped)
         # The autocast decision is taken once here, not at every step.
         wrapped_forward = self.precision.wrap_forward(inner.forward, self.autocast_handler)
         if wrapped_forward is not inner.forward:
             inner.forward = wrapped_forward  # type: ignore[method-assign]
-        self._models.append(wrapped)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:

@@ -6,5 +6,6 @@ its spans, export) and ``task=causal_lm`` (token losses); the pair is the item o
 - ``pairs``: a row as two formatted texts (explicit or implicit prompt), tokenized, bad pairs refused.
 - ``loss``: the preference losses and TRL's metrics from summed answer log-probabilities.
 - ``reference``: the reference model (a frozen copy, the adapters disabled, or values precomputed once).
+- ``stream``: ``task.streaming=true``, the training pairs read line by line, named by byte offset.
 - ``task``: ``DPOTask``, what the engine drives.
 """

@@ -32,9 +32,11 @@ from app.tasks.dpo.loss import answer_logps, preference_losses
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed, logps_forward
 from app.tasks.sft.attention import use_eager_attention
+from app.tasks.dpo.stream import PairStream, StreamedFields
 from app.tasks.sft.packing import SFTCollator
+from app.tasks.sft.stream import first_records
 from app.tasks.sft.task import SFTTask
-from app.tasks.text.sources import Split, check_data_files
+from app.tasks.text.sources import Split, check_data_files, read_file
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 
@@ -79,16 +81,68 @@ class DPOTask(SFTTask):
             import datasets
 
             datasets.disable_progress_bars()
-        train, evaluation, key = run_main_first(runtime, self._pairs_read)
+        self._runtime = runtime  # build_model prepares the reference copy with it
+        train, evaluation, key = run_main_first(runtime, self._pairs_streamed if self.cfg.streaming else self._pairs_read)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._explicit_mask = runtime.static_shapes
         collate = PairCollator(pad if pad is not None else 0, self.cfg.block_size if runtime.static_shapes else None)
+        stream = train if isinstance(train, PairStream) else None
         if self.cfg.reference is Reference.precomputed:
-            self.reference = Precomputed(key, (train, evaluation), collate, self.cfg.reference_batch_size)
+            self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
+                                         self.cfg.reference_batch_size, runtime, stream)
             runtime.register_for_checkpointing(self.reference)
-        lengths = [max(len(c), len(r)) for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
+        lengths = None if stream else [max(len(c), len(r))
+                                       for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
         return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
+
+    def _pairs_streamed(self) -> tuple[PairStream, datasets.Dataset, str]:
+        """The training file as a stream of pairs (``stream.PairStream``, each named by its line's byte
+        offset); evaluation: the validation file, else the file's first ``task.eval_documents`` records
+        (held out of the stream), named -1, -2… Also returns a key of the pairs."""
+        import datasets
+
+        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
+        assert cfg.data_files.train is not None  # the schema's check for streaming
+        path = Path(cfg.data_files.train).expanduser()
+        if cfg.data_files.validation is not None:
+            evaluation, begin = read_file(cfg.data_files.validation, "validation", root / "raw"), 0
+        else:
+            held, begin = first_records(path, cfg.eval_documents)
+            if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
+                raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
+                                  f"{cfg.eval_documents} for evaluation and stream the rest; give "
+                                  "task.data_files.validation or a smaller task.eval_documents.")
+            evaluation = Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
+                               f"{path} (its first {len(held)} records)")
+        first = first_records(path, 1)[0]
+        if not first:
+            raise ConfigError(f"{path} holds no record.")
+        self._check_columns(list(first[0]), str(path))
+        if isinstance(first[0][cfg.chosen_field], list):
+            self.conversational = True
+            self._check_template()
+        data, cut = self._tokenize(evaluation, "validation", root)
+        size = path.stat().st_size
+        after = " after the evaluation records" if begin else ""
+        self._splits_read = [
+            (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
+             f"{'conversations' if self.conversational else 'text'}), read while training"),
+            f"validation: {len(data):,} pairs of {evaluation.origin}"
+            + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else "")]
+        fields = StreamedFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
+                                str(path), True)
+        return (PairStream(path, begin, self.tokenizer, fields),
+                data.add_column("pair", [-(k + 1) for k in range(len(data))]),
+                digest(path.name, str(size), str(begin), evaluation.fingerprint))
+
+    def _check_columns(self, columns: list[str], origin: str) -> None:
+        cfg = self.cfg
+        missing = [c for c in (cfg.chosen_field, cfg.rejected_field) if c not in columns]
+        if missing:
+            raise ConfigError(f"{origin} has no {' or '.join(repr(c) for c in missing)} column (it has "
+                              f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
+                              "task.prompt_field, task.chosen_field and task.rejected_field.")
 
     def _pairs_read(self) -> tuple[datasets.Dataset, datasets.Dataset, str]:
         """Both splits read, checked, tokenized (cached), held out; each pair numbered (training pairs
@@ -96,12 +150,7 @@ class DPOTask(SFTTask):
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         splits = self._read(root / "raw")
         train = splits["train"]
-        columns = train.data.column_names
-        missing = [c for c in (cfg.chosen_field, cfg.rejected_field) if c not in columns]
-        if missing:
-            raise ConfigError(f"{train.origin} has no {' or '.join(repr(c) for c in missing)} column (it has "
-                              f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
-                              "task.prompt_field, task.chosen_field and task.rejected_field.")
+        self._check_columns(train.data.column_names, train.origin)
         if len(train.data) and isinstance(train.data[0][cfg.chosen_field], list):
             self.conversational = True
             self._check_template()
@@ -143,8 +192,12 @@ class DPOTask(SFTTask):
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
         if self._explicit_mask:
             use_eager_attention(model)  # before the copy: the reference runs the same attention
-        if self.cfg.reference is Reference.copy:
-            self.reference = FrozenCopy(model)  # before any adapter: the starting weights
+        if self.cfg.reference is Reference.copy and self.reference is None:
+            # Before any adapter: the starting weights. Once: an adapter's export rebuilds the model on
+            # the main process alone, and preparing a copy under FSDP2 takes every process.
+            if self._runtime is None:
+                raise RuntimeError("build_data() keeps the runtime that prepares the reference copy; call it first.")
+            self.reference = FrozenCopy(model, self._runtime)
         return model
 
     def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

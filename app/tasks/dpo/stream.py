@@ -1,0 +1,85 @@
+"""``task.streaming=true`` for ``task=dpo``: the training JSON Lines file read line by line while training
+(never loaded whole), each process its own byte range (``causal_lm/stream.py``'s ``LineStream``: the
+parts, the seeking, the checks on resume), each record made into a pair as the map-style rows are
+(``pairs.encode_pairs``), a bad pair refused naming its byte offset.
+
+A streamed pair is named by the byte offset of its line (``pair``): the key of its row in
+``task.reference=precomputed``'s table (``reference.Precomputed``), which a stream that seeks can find
+again without counting lines. Evaluation pairs (map-style) are named -1, -2, …: never an offset.
+
+What a checkpoint saves: the byte offset after the last line read and the pairs already made but not
+yet handed out; a resumed run seeks there and goes on exactly, reading nothing before it again.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from app.tasks.causal_lm.stream import READ_AHEAD, LineReader, LineStream
+from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.sft.stream import read_record
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
+
+
+@dataclass(frozen=True)
+class StreamedFields(PairFields):
+    """A streamed line is named by its byte offset (a stream that seeks does not count lines)."""
+
+    def where(self, index: int) -> str:
+        return f"{self.origin}, the line at byte {index}"
+
+
+class PairStream(LineStream):
+    """Pairs (``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``, ``pair``: the
+    line's byte offset) read from ``path`` from byte ``begin``: an ``app.distributed.data.stream.ShardedStream``."""
+
+    def __init__(self, path: Path, begin: int, tokenizer: PreTrainedTokenizerBase, fields: StreamedFields):
+        super().__init__(path, begin, LineReader(path, None), lambda texts: [], fields.block_size, False)
+        self.encode_pairs = functools.partial(encode_pairs, tokenizer=tokenizer, fields=fields)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self._state
+        return {**state, "carry": [], "pending": [{k: copy.copy(v) for k, v in row.items()} for row in state["pending"]]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict({**state, "pending": []})
+        self._state["pending"] = [{k: (int(v) if k == "pair" else [int(x) for x in v]) for k, v in row.items()}
+                                  for row in state["pending"]]
+
+    def from_the_start(self) -> PairStream:
+        """A second reader of this process's part, from its beginning (this one's position untouched)."""
+        clone = copy.copy(self)
+        clone.set_shard(*self.shard)
+        return clone
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        state = self._state
+        pending: list[dict[str, Any]] = state["pending"]
+        with open(self.path, "rb") as f:
+            f.seek(state["offset"])
+            while True:
+                while pending:
+                    yield pending.pop(0)  # popped first: state_dict() is then after it
+                records: list[dict[str, Any]] = []
+                offsets: list[int] = []
+                while len(records) < READ_AHEAD and f.tell() < self.end:
+                    offset = f.tell()
+                    record = read_record(self.path, f.readline(), offset)
+                    if record is not None:
+                        records.append(record)
+                        offsets.append(offset)
+                state["offset"] = f.tell()
+                if not records:
+                    return  # the part's end
+                keys = list(dict.fromkeys(key for record in records for key in record))
+                out = self.encode_pairs({key: [r.get(key) for r in records] for key in keys}, offsets)
+                pending.extend({**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(records)))
