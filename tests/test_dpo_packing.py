@@ -2,7 +2,8 @@
 summed answer log-probabilities, loss and TRL's metrics from a packed batch equal those of the same pairs
 one side per row (SDPA and eager attention), and a 2-D attention mask, which would let a sequence see
 the one packed before it, is caught by the same comparison. A packed run trains, evaluates and exports
-through ``python -m app``, its first step's loss ln 2 (the policy starts as its reference)."""
+through ``python -m app`` on 2 processes with the precomputed reference, its first step's loss ln 2 (the
+policy starts as its reference)."""
 
 from __future__ import annotations
 
@@ -74,14 +75,17 @@ def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama,
     assert (contaminated - logps_apart).abs().max() > 1e-2
 
 
-def test_a_packed_run_trains_evaluates_and_exports(tmp_path):
+@pytest.mark.multiprocess
+@pytest.mark.timeout(300)
+def test_a_packed_run_on_two_processes_trains_evaluates_and_exports(tmp_path):
     make_tiny_chat_llama(tmp_path / "base", hidden=64)
     write_jsonl(tmp_path / "prefs.jsonl", preference_rows(48))
     run = tmp_path / "run"
     run_app("task=dpo", f"task.config={tmp_path / 'base'}", f"task.data_files.train={tmp_path / 'prefs.jsonl'}",
             "task.block_size=128", "task.packing=true", f"task.reference={Reference.precomputed.value}",
             f"task.cache_dir={tmp_path / 'cache'}", "trainer.max_steps=4", "trainer.batch_size=2",
-            "trainer.log_every_n_steps=1", "trainer.eval_every_n_steps=4", "optim.lr=1e-3", "logging.trackers=[]",
+            "trainer.log_every_n_steps=1", "trainer.eval_every_n_steps=4", "optim.lr=1e-3", "hardware=multi_cpu",
+            "hardware.num_processes=2", "logging.trackers=[]",
             "logging.progress_bar=false", "logging.print_config=false", f"hydra.run.dir={run}",
             cwd=tmp_path, check=True, timeout=300)
     log = (run / "app.log").read_text()
