@@ -58,7 +58,8 @@ def chat_llama(tmp_path_factory) -> Path:
 def dpo_task(tmp_path: Path, model: Path, rows: list[dict], **options) -> tuple[DPOTask, object, OneProcess]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     train = write_jsonl(tmp_path / "prefs.jsonl", rows)
-    cfg = DPOConfig(config=str(model), cache_dir=str(tmp_path / "cache"), block_size=128, packing=False, **options)
+    options = {"packing": False, **options}
+    cfg = DPOConfig(config=str(model), cache_dir=str(tmp_path / "cache"), block_size=128, **options)
     cfg.data_files.train = str(train)
     task, runtime = DPOTask(cfg), OneProcess()
     torch.manual_seed(0)
@@ -221,7 +222,7 @@ def test_a_bad_pair_is_refused_naming_its_file_and_line(tmp_path, chat_llama, ch
 
 
 def test_options_are_checked():
-    for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True}, "packing"),
+    for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True, "streaming": True}, "packing"),
                          ({"loss_type": LossType.ipo, "label_smoothing": 0.1}, "label_smoothing")):
         cfg = DPOConfig(config="x", **options)
         cfg.data_files.train = "x.jsonl"

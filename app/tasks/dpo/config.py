@@ -61,8 +61,9 @@ class DPOConfig(SFTConfig):
             raise ConfigError(f"task.label_smoothing applies to task.loss_type=sigmoid, not {self.loss_type.value}.")
         if self.reference_batch_size < 1:
             raise ConfigError(f"task.reference_batch_size must be at least 1, got {self.reference_batch_size}.")
-        if self.packing:
-            raise ConfigError("task=dpo runs one pair per row (task.packing=true is not supported yet).")
+        if self.packing and self.streaming:
+            raise ConfigError("task=dpo packs pairs of a map-style dataset; with task.streaming=true give "
+                              "task.packing=false.")
         if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
             raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
                               "and task.train_on at their defaults.")

@@ -18,6 +18,19 @@ def answer_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tens
     return -losses.sum(dim=1), (targets != IGNORE_INDEX).sum(dim=1)
 
 
+def segment_logps(logits: torch.Tensor, labels: torch.Tensor, segment: torch.Tensor,
+                  count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`answer_logps` of packed rows: per sequence (``segment`` numbers each token's sequence,
+    ``count`` of them; the padding is numbered ``count``), summed over its learnt tokens."""
+    losses, targets = token_losses(logits, labels)
+    learnt = targets != IGNORE_INDEX
+    owner = torch.where(learnt, F.pad(segment[:, 1:], (0, 1), value=count), count).flatten()  # target t + 1's
+    sums = torch.zeros(count + 1, dtype=losses.dtype, device=losses.device).index_add_(0, owner, losses.flatten())
+    lengths = torch.zeros(count + 1, dtype=torch.int64, device=losses.device).index_add_(
+        0, owner, learnt.flatten().long())
+    return -sums[:count], lengths[:count]
+
+
 def preference_losses(policy: torch.Tensor, reference: torch.Tensor, lengths: torch.Tensor, beta: float,
                       label_smoothing: float, loss_type: LossType) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per pair, the loss and TRL's metrics. ``policy``, ``reference``: (2, pairs) summed answer

@@ -3,7 +3,9 @@ a chosen and a rejected answer to the same prompt; the loss (``task.loss_type``)
 answer log-probabilities with the reference's (``task.reference``, see ``reference.py``).
 
 Each batch holds its pairs' chosen rows, then their rejected rows, padded together: one forward pass
-gives both, so they see the same weights (and dropout state). A pair is one item of the engine's loss
+gives both, so they see the same weights (and dropout state). With ``task.packing=true`` a row holds
+whole pairs, each side a sequence of its own (``packing.py``); a row is then one of the engine's samples,
+its loss the sum over its pairs and its items their count. A pair is one item of the engine's loss
 (``StepOutput(sample_losses=per pair, sample_items=1)``): the loss is the mean over the pairs of the
 whole optimizer step, at any batch split. Evaluation sums TRL's metrics per pair on each process and
 reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``, ``eval/rewards/chosen``,
@@ -28,11 +30,12 @@ from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
-from app.tasks.dpo.loss import answer_logps, preference_losses
+from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
+from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
-from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed, logps_forward
-from app.tasks.sft.attention import use_eager_attention
+from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream, StreamedFields
+from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.stream import first_records
 from app.tasks.sft.task import SFTTask
@@ -85,13 +88,21 @@ class DPOTask(SFTTask):
         train, evaluation, key = run_main_first(runtime, self._pairs_streamed if self.cfg.streaming else self._pairs_read)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        pad = pad if pad is not None else 0
         self._explicit_mask = runtime.static_shapes
-        collate = PairCollator(pad if pad is not None else 0, self.cfg.block_size if runtime.static_shapes else None)
+        collate = PairCollator(pad, self.cfg.block_size if runtime.static_shapes else None)
         stream = train if isinstance(train, PairStream) else None
-        if self.cfg.reference is Reference.precomputed:
+        if self.cfg.reference is Reference.precomputed:  # its pass runs pair by pair, packed or not
             self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
                                          self.cfg.reference_batch_size, runtime, stream)
             runtime.register_for_checkpointing(self.reference)
+        if self.cfg.packing:  # map-style only (the schema refuses packing with streaming)
+            packed_train, packed_eval = PackedPairs(train, self.cfg.block_size), PackedPairs(evaluation, self.cfg.block_size)
+            self._splits_read.append(f"packed: {len(train):,} training pairs into {len(packed_train):,} rows of "
+                                     f"{packed_train.capacity} tokens (2 × task.block_size), {len(evaluation):,} "
+                                     f"evaluation ones into {len(packed_eval):,}")
+            fixed = packed_train.capacity if runtime.static_shapes else None
+            return TaskData(train=packed_train, eval=packed_eval, collate_fn=PackedPairCollator(pad, fixed))
         lengths = None if stream else [max(len(c), len(r))
                                        for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
         return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
@@ -192,6 +203,8 @@ class DPOTask(SFTTask):
         self._flops_per_token = flops_per_token(model, self.cfg.block_size)
         if self._explicit_mask:
             use_eager_attention(model)  # before the copy: the reference runs the same attention
+        if self.cfg.packing:
+            check_isolation(model, self._explicit_mask)
         if self.cfg.reference is Reference.copy and self.reference is None:
             # Before any adapter: the starting weights. Once: an adapter's export rebuilds the model on
             # the main process alone, and preparing a copy under FSDP2 takes every process.
@@ -200,25 +213,41 @@ class DPOTask(SFTTask):
             self.reference = FrozenCopy(model, self._runtime)
         return model
 
+    def _logps(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each side's summed answer log-probability and answer length, chosen sides first (packed or not)."""
+        dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
+        logits = model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
+        if "segment" in batch:
+            return segment_logps(logits, batch["labels"], batch["segment"], 2 * len(batch["pair"]))
+        return answer_logps(logits, batch["labels"])
+
+    def _reference_logps(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        return self._logps(model, batch)[0]
+
     def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per pair: the loss and TRL's metrics (one forward of the policy over both sides)."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
-        policy, lengths = answer_logps(logits, batch["labels"])
+        policy, lengths = self._logps(model, batch)
         assert self.reference is not None  # build_data / build_model chose it
-        reference = self.reference(model, batch, logps_forward)
+        reference = self.reference(model, batch, self._reference_logps)
         cfg = self.cfg
         return preference_losses(policy.view(2, -1), reference.view(2, -1).to(policy.dtype), lengths.view(2, -1),
                                  cfg.beta, cfg.label_smoothing, cfg.loss_type)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """Each pair's loss; a pair is one item of the step's mean. TRL's metrics per pair too: the engine
-        logs their means over the logging window's pairs (``train/rewards/accuracies``...), as evaluation does."""
+        logs their means over the logging window's pairs (``train/rewards/accuracies``...), as evaluation does.
+        Packed, a row is the engine's sample: its pairs' sums, and their count as its items."""
         losses, metrics = self._pairs(model, batch)
+        if "pair_row" in batch:
+            pairs = per_row(torch.ones_like(losses, dtype=torch.int64), batch)
+            return StepOutput(sample_losses=per_row(losses, batch), sample_items=pairs,
+                              sample_metrics={name: per_row(values, batch) for name, values in metrics.items()})
         return StepOutput(sample_losses=losses, sample_items=1, sample_metrics=metrics)
 
     def evaluation_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         losses, metrics = self._pairs(model, batch)
-        return {"loss": losses.detach(), **metrics, "pairs": torch.ones_like(losses)}
+        sums = {"loss": losses.detach(), **metrics, "pairs": torch.ones_like(losses)}
+        return {name: per_row(values, batch) for name, values in sums.items()}
 
     def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
         pairs = max(sums["pairs"], 1.0)
