@@ -317,3 +317,37 @@ def test_two_processes_log_the_training_metrics_of_one(tmp_path, hardware):
     (expected,), (got,) = ([r for r in without_throughput(metrics_rows(run)) if "train/loss" in r] for run in (one, two))
     assert expected["train/rewards/margins"] != 0 and set(got) == set(expected)
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.timeout(300)
+def test_bf16_gradient_checkpointing_and_lora_train_together(prefs):
+    """The engine's memory savers on task=dpo at once: bf16 autocast, gradient checkpointing, LoRA with
+    the adapters disabled as the reference; the first step's loss is ln 2 (the policy starts as its
+    reference) and the run trains and evaluates."""
+    import math
+
+    run = prefs / "bf16-ckpt"
+    run_app(*data_args(prefs), "adapter=lora", "task.reference=base", "precision=bf16",
+            "trainer.gradient_checkpointing=true", "trainer.max_steps=4", "trainer.log_every_n_steps=1",
+            "trainer.eval_every_n_steps=4", "optim.lr=1e-2", f"hydra.run.dir={run}", cwd=prefs, check=True,
+            timeout=300)
+    logged = rows(run)
+    first = next(r for r in logged if "train/loss" in r)
+    assert abs(first["train/loss"] - math.log(2)) < 1e-3  # bf16 matmuls, the same weights on both sides
+    last = [r for r in logged if "eval/loss" in r][-1]
+    assert math.isfinite(last["eval/loss"]) and "eval/rewards/accuracies" in last
+    assert "train/rewards/margins" in first
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_sweep_runs_one_dpo_job_per_beta(prefs):
+    sweep = prefs / "sweep"
+    run_app("-m", *data_args(prefs), "task.beta=0.1,0.5", "trainer.max_steps=2", "trainer.eval_every_n_steps=2",
+            f"hydra.sweep.dir={sweep}", cwd=prefs, check=True, timeout=300)
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0", "1"]
+    for job, beta in zip(jobs, ("0.1", "0.5"), strict=True):
+        assert f"task.beta={beta}" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
+        assert "eval/rewards/accuracies" in rows(sweep / job)[-1]
+        assert f"β = {beta}" in (sweep / job / "model" / "README.md").read_text()
