@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.tasks.causal_lm.stream import READ_AHEAD, LineReader, LineStream
+from app.tasks.causal_lm.stream import LineReader, LineStream
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
-from app.tasks.sft.stream import read_record
+from app.tasks.sft.stream import read_ahead
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -69,14 +69,7 @@ class PairStream(LineStream):
             while True:
                 while pending:
                     yield pending.pop(0)  # popped first: state_dict() is then after it
-                records: list[dict[str, Any]] = []
-                offsets: list[int] = []
-                while len(records) < READ_AHEAD and f.tell() < self.end:
-                    offset = f.tell()
-                    record = read_record(self.path, f.readline(), offset)
-                    if record is not None:
-                        records.append(record)
-                        offsets.append(offset)
+                records, offsets = read_ahead(self.path, f, self.end)
                 state["offset"] = f.tell()
                 if not records:
                     return  # the part's end

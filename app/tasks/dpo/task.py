@@ -39,7 +39,7 @@ from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_att
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.stream import first_records
 from app.tasks.sft.task import SFTTask
-from app.tasks.text.sources import Split, check_data_files, read_file
+from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 
@@ -111,21 +111,10 @@ class DPOTask(SFTTask):
         """The training file as a stream of pairs (``stream.PairStream``, each named by its line's byte
         offset); evaluation: the validation file, else the file's first ``task.eval_documents`` records
         (held out of the stream), named -1, -2… Also returns a key of the pairs."""
-        import datasets
-
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        if cfg.data_files.validation is not None:
-            evaluation, begin = read_file(cfg.data_files.validation, "validation", root / "raw"), 0
-        else:
-            held, begin = first_records(path, cfg.eval_documents)
-            if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
-                raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
-                                  f"{cfg.eval_documents} for evaluation and stream the rest; give "
-                                  "task.data_files.validation or a smaller task.eval_documents.")
-            evaluation = Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
-                               f"{path} (its first {len(held)} records)")
+        evaluation, begin = self._streamed_evaluation(path, root)
         first = first_records(path, 1)[0]
         if not first:
             raise ConfigError(f"{path} holds no record.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from app.config import ConfigError
 from app.tasks.causal_lm.stream import READ_AHEAD, LineReader, LineStream
@@ -49,6 +49,19 @@ def first_records(path: Path, count: int) -> tuple[list[dict[str, Any]], int]:
         return records, f.tell()
 
 
+def read_ahead(path: Path, f: BinaryIO, end: int) -> tuple[list[dict[str, Any]], list[int]]:
+    """The next ``READ_AHEAD`` records of an open file before byte ``end``, and their lines' byte offsets."""
+    records: list[dict[str, Any]] = []
+    offsets: list[int] = []
+    while len(records) < READ_AHEAD and f.tell() < end:
+        offset = f.tell()
+        record = read_record(path, f.readline(), offset)
+        if record is not None:
+            records.append(record)
+            offsets.append(offset)
+    return records, offsets
+
+
 Encode = Callable[[list[dict[str, Any]], list[int]], list[dict[str, list[int]]]]
 """Records and their byte offsets -> training rows (``input_ids``, ``labels``), those with nothing learnt left out."""
 
@@ -76,14 +89,7 @@ class ConversationStream(LineStream):
             while True:
                 while pending:
                     yield pending.pop(0)  # popped first: state_dict() is then after it
-                records: list[dict[str, Any]] = []
-                offsets: list[int] = []
-                while len(records) < READ_AHEAD and f.tell() < self.end:
-                    offset = f.tell()
-                    record = read_record(self.path, f.readline(), offset)
-                    if record is not None:
-                        records.append(record)
-                        offsets.append(offset)
+                records, offsets = read_ahead(self.path, f, self.end)
                 state["offset"] = f.tell()
                 if not records:
                     return  # the part's end

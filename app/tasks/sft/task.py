@@ -134,21 +134,10 @@ class SFTTask(CausalLMTask):
     def _streamed(self) -> tuple[ConversationStream, Any]:
         """The training file as a stream of rows (``stream.ConversationStream``); evaluation: the
         validation file, else the file's first ``task.eval_documents`` records (held out of the stream)."""
-        import datasets
-
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        if cfg.data_files.validation is not None:
-            evaluation, begin = read_file(cfg.data_files.validation, "validation", root / "raw"), 0
-        else:
-            held, begin = first_records(path, cfg.eval_documents)
-            if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
-                raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
-                                  f"{cfg.eval_documents} for evaluation and stream the rest; give "
-                                  "task.data_files.validation or a smaller task.eval_documents.")
-            evaluation = Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
-                               f"{path} (its first {len(held)} records)")
+        evaluation, begin = self._streamed_evaluation(path, root)
         first = first_records(path, 1)[0]
         if not first:
             raise ConfigError(f"{path} holds no record.")
@@ -179,6 +168,22 @@ class SFTTask(CausalLMTask):
                                      f"tokens, {len(eval_rows):,} evaluation ones into {len(packed_eval):,}")
             return stream, packed_eval
         return stream, eval_rows
+
+    def _streamed_evaluation(self, path: Path, root: Path) -> tuple[Split, int]:
+        """A streamed run's evaluation split: the validation file, else the training file's first
+        ``task.eval_documents`` records (held out of the stream); and the byte where the stream begins."""
+        import datasets
+
+        cfg = self.cfg
+        if cfg.data_files.validation is not None:
+            return read_file(cfg.data_files.validation, "validation", root / "raw"), 0
+        held, begin = first_records(path, cfg.eval_documents)
+        if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
+            raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
+                              f"{cfg.eval_documents} for evaluation and stream the rest; give "
+                              "task.data_files.validation or a smaller task.eval_documents.")
+        return Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
+                     f"{path} (its first {len(held)} records)"), begin
 
     def _read(self, raw_cache: Path) -> dict[str, Split]:
         cfg = self.cfg
