@@ -12,6 +12,10 @@ STREAMED_SUFFIXES = (".txt", ".text", ".jsonl")
 """What ``task.streaming=true`` reads line by line (and can seek in by byte offset)."""
 
 
+ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+"""``task.attn_implementation``'s values: Transformers' attention implementations."""
+
+
 @dataclass
 class LMDataFiles:
     """Local files, one per split: plain text (``.txt``, one document per line), JSON Lines (``.jsonl``,
@@ -53,6 +57,9 @@ class CausalLMConfig(TaskConfig):
     """Values over the model's configuration, e.g. ``{hidden_size: 64, num_hidden_layers: 2}``."""
     tokenizer: str | None = None
     """null: the tokenizer saved in ``task.model`` (or ``task.config``)."""
+    attn_implementation: str | None = None
+    """null: Transformers' choice (SDPA where the model has it); or one of ``ATTENTION``, e.g.
+    ``flash_attention_2`` (the flash-attn package on a CUDA GPU: packed rows then run its varlen kernel)."""
     block_size: int = 512
     """Tokens per training sample: a packed block, or the most of one document kept (``packing=false``)."""
     packing: bool = True
@@ -71,6 +78,9 @@ class CausalLMConfig(TaskConfig):
         return self.streaming
 
     def check(self) -> None:
+        if self.attn_implementation is not None and self.attn_implementation not in ATTENTION:
+            raise ConfigError(f"task.attn_implementation={self.attn_implementation} is none of "
+                              f"{', '.join(ATTENTION)} (or null: Transformers' choice).")
         if self.block_size < 2:
             raise ConfigError(f"task.block_size must be at least 2 tokens, got {self.block_size}.")
         if not 0.0 < self.eval_fraction < 1.0:

@@ -5,6 +5,7 @@ name what is wrong; and its training FLOPs per token, for the throughput log's M
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +73,16 @@ def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_voc
                           f"{config.vocab_size}; give the model's own tokenizer (task.tokenizer) or a larger "
                           "vocab_size (task.config_overrides).")
     tokens_of_the_tokenizer(config, tokenizer, new_model=cfg.model is None)
+    attention = {"attn_implementation": cfg.attn_implementation} if cfg.attn_implementation else {}
     if cfg.model is None:
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        return attention_checked(lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attention), cfg)
+    source = cfg.model
     try:
-        with hub_access(cfg.model):
-            model = AutoModelForCausalLM.from_pretrained(cfg.model, config=config, dtype=torch.float32)
+        with hub_access(source):
+            model: Any = attention_checked(lambda: AutoModelForCausalLM.from_pretrained(
+                source, config=config, dtype=torch.float32, **attention), cfg)
+    except ConfigError:
+        raise
     except (OSError, ValueError) as err:
         raise ConfigError(f"Could not load the model {cfg.model!r}, which is neither a local folder with config.json "
                           "and weights nor reachable on the hub; set task.model to a local model folder.") from err
@@ -86,6 +92,18 @@ def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_voc
     if generation is not None and not _holds(generation.eos_token_id, tokenizer.eos_token_id):
         generation.eos_token_id = config.eos_token_id  # its saved generation_config.json: stop where training did
     return model
+
+
+def attention_checked(build: Callable[[], nn.Module], cfg: CausalLMConfig) -> nn.Module:
+    """``build()``, with Transformers' refusal of ``task.attn_implementation`` (a package not installed, a
+    model without it) said in one sentence."""
+    try:
+        return build()
+    except (ImportError, ValueError) as err:
+        if cfg.attn_implementation is None or "attention" not in str(err).lower():
+            raise  # not the attention's refusal
+        raise ConfigError(f"task.attn_implementation={cfg.attn_implementation} cannot be used here: "
+                          f"{str(err).splitlines()[0]}") from None
 
 
 def _holds(ids: int | list[int] | None, token: int | None) -> bool:
