@@ -639,7 +639,10 @@ def test_dpo_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports(chat_fi
     exported = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     cfg = DPOConfig(config=str(chat_files / "base"), block_size=128, packing=False, cache_dir=str(chat_files / "cache"))
     cfg.data_files.train, cfg.data_files.validation = str(chat_files / "prefs.jsonl"), str(chat_files / "prefs_val.jsonl")
+    from tests.test_dpo import OneProcess
+
     task = DPOTask(cfg)
+    task.build_data(OneProcess())  # the runtime that prepares the reference copy
     task.build_model()  # the reference: the starting weights, as the run's
     on_host = cpu_evaluation(task, exported)
     assert on_host["logps/chosen"] == pytest.approx(metrics[2]["eval/logps/chosen"], rel=1e-2)

@@ -73,6 +73,8 @@ class DPOTask(SFTTask):
         super().__init__(cfg)
         self.cfg: DPOConfig = cfg
         self.conversational = False
+        self._runtime: TaskRuntime | None = None
+        """``build_data``'s runtime: ``build_model`` prepares the reference copy with it."""
         self.reference: FrozenCopy | AdaptersDisabled | Precomputed | None = \
             AdaptersDisabled() if cfg.reference is Reference.base else None
 
