@@ -18,6 +18,7 @@ is run with the plain loss instead).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -50,10 +51,11 @@ def recomputed(function: Callable[..., torch.Tensor], head: Callable[[torch.Tens
     torch_xla's checkpoint: ``torch.utils.checkpoint`` looks for a ``torch.xla`` module to save the RNG
     state (there is none), and torch_xla's puts an optimization barrier before the recomputation, which
     XLA's compiler would otherwise merge back into the forward pass (keeping the logits after all)."""
-    if hidden.device.type == "xla":
-        from torch_xla.utils.checkpoint import checkpoint as xla_checkpoint
-
-        return xla_checkpoint(function, head, hidden, targets, use_reentrant=True)  # the only kind it has
+    kind = hidden.device.type
+    if not hasattr(torch, kind):  # a device type torch has no module for brings its checkpoint in torch_<type>
+        # (tasks name no device type: only app/distributed/hardware/ does, tests/test_hardware.py)
+        own = importlib.import_module(f"torch_{kind}.utils.checkpoint").checkpoint
+        return own(function, head, hidden, targets, use_reentrant=True)  # the only kind torch_xla has
     return checkpoint(function, head, hidden, targets, use_reentrant=False)
 
 
