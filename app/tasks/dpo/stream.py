@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.tasks.causal_lm.stream import LineReader, LineStream
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
-from app.tasks.sft.stream import read_ahead
+from app.tasks.sft.stream import records_read
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -62,17 +62,9 @@ class PairStream(LineStream):
         return clone
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        state = self._state
-        pending: list[dict[str, Any]] = state["pending"]
-        with open(self.path, "rb") as f:
-            f.seek(state["offset"])
-            while True:
-                while pending:
-                    yield pending.pop(0)  # popped first: state_dict() is then after it
-                records, offsets = read_ahead(self.path, f, self.end)
-                state["offset"] = f.tell()
-                if not records:
-                    return  # the part's end
-                keys = list(dict.fromkeys(key for record in records for key in record))
-                out = self.encode_pairs({key: [r.get(key) for r in records] for key in keys}, offsets)
-                pending.extend({**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(records)))
+        return records_read(self.path, self.end, self._state, self._pairs)
+
+    def _pairs(self, records: list[dict[str, Any]], offsets: list[int]) -> list[dict[str, Any]]:
+        keys = list(dict.fromkeys(key for record in records for key in record))
+        out = self.encode_pairs({key: [r.get(key) for r in records] for key in keys}, offsets)
+        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(records))]

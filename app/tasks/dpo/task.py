@@ -37,7 +37,6 @@ from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream, StreamedFields
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.packing import SFTCollator
-from app.tasks.sft.stream import first_records
 from app.tasks.sft.task import SFTTask
 from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
@@ -116,10 +115,7 @@ class DPOTask(SFTTask):
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        evaluation, begin = self._streamed_evaluation(path, root)
-        first = first_records(path, 1)[0]
-        if not first:
-            raise ConfigError(f"{path} holds no record.")
+        evaluation, begin, first = self._stream_start(path, root)
         self._check_columns(list(first[0]), str(path))
         if isinstance(first[0][cfg.chosen_field], list):
             self.conversational = True

@@ -62,6 +62,23 @@ def read_ahead(path: Path, f: BinaryIO, end: int) -> tuple[list[dict[str, Any]],
     return records, offsets
 
 
+def records_read(path: Path, end: int, state: dict[str, Any],
+                 rows_of: Callable[[list[dict[str, Any]], list[int]], list[Any]]) -> Iterator[Any]:
+    """A JSON Lines stream's rows: from its ``state``'s offset (and the rows made but not handed out), the
+    records of each read-ahead made into rows by ``rows_of(records, offsets)``, until byte ``end``."""
+    pending: list[Any] = state["pending"]
+    with open(path, "rb") as f:
+        f.seek(state["offset"])
+        while True:
+            while pending:
+                yield pending.pop(0)  # popped first: state_dict() is then after it
+            records, offsets = read_ahead(path, f, end)
+            state["offset"] = f.tell()
+            if not records:
+                return  # the part's end
+            pending.extend(rows_of(records, offsets))
+
+
 Encode = Callable[[list[dict[str, Any]], list[int]], list[dict[str, list[int]]]]
 """Records and their byte offsets -> training rows (``input_ids``, ``labels``), those with nothing learnt left out."""
 
@@ -82,21 +99,11 @@ class ConversationStream(LineStream):
         self._state["pending"] = [{k: [int(x) for x in v] for k, v in row.items()} for row in state["pending"]]
 
     def __iter__(self) -> Iterator[dict[str, list[int]]]:
-        state = self._state
-        pending: list[dict[str, list[int]]] = state["pending"]
-        with open(self.path, "rb") as f:
-            f.seek(state["offset"])
-            while True:
-                while pending:
-                    yield pending.pop(0)  # popped first: state_dict() is then after it
-                records, offsets = read_ahead(self.path, f, self.end)
-                state["offset"] = f.tell()
-                if not records:
-                    return  # the part's end
-                rows = self.encode_records(records, offsets)
-                if self.packing:
-                    bins = best_fit_decreasing([len(row["input_ids"]) for row in rows], self.block_size)
-                    pending.extend(packed_row([rows[i]["input_ids"] for i in b], [rows[i]["labels"] for i in b])
-                                   for b in bins)
-                else:
-                    pending.extend({"input_ids": row["input_ids"], "labels": row["labels"]} for row in rows)
+        return records_read(self.path, self.end, self._state, self._rows)
+
+    def _rows(self, records: list[dict[str, Any]], offsets: list[int]) -> list[dict[str, list[int]]]:
+        rows = self.encode_records(records, offsets)
+        if self.packing:
+            bins = best_fit_decreasing([len(row["input_ids"]) for row in rows], self.block_size)
+            return [packed_row([rows[i]["input_ids"] for i in b], [rows[i]["labels"] for i in b]) for b in bins]
+        return [{"input_ids": row["input_ids"], "labels": row["labels"]} for row in rows]

@@ -137,10 +137,7 @@ class SFTTask(CausalLMTask):
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        evaluation, begin = self._streamed_evaluation(path, root)
-        first = first_records(path, 1)[0]
-        if not first:
-            raise ConfigError(f"{path} holds no record.")
+        evaluation, begin, first = self._stream_start(path, root)
         try:
             self.data_format = Fields.of(cfg).detect(list(first[0]), cfg.format, str(path))
         except BadRow as err:
@@ -168,6 +165,15 @@ class SFTTask(CausalLMTask):
                                      f"tokens, {len(eval_rows):,} evaluation ones into {len(packed_eval):,}")
             return stream, packed_eval
         return stream, eval_rows
+
+    def _stream_start(self, path: Path, root: Path) -> tuple[Split, int, list[dict[str, Any]]]:
+        """A streamed run's evaluation split and the byte where its stream begins
+        (:meth:`_streamed_evaluation`), and the file's first record (in a list), which says its columns."""
+        evaluation, begin = self._streamed_evaluation(path, root)
+        first = first_records(path, 1)[0]
+        if not first:
+            raise ConfigError(f"{path} holds no record.")
+        return evaluation, begin, first
 
     def _streamed_evaluation(self, path: Path, root: Path) -> tuple[Split, int]:
         """A streamed run's evaluation split: the validation file, else the training file's first
