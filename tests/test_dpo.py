@@ -285,5 +285,5 @@ def test_a_bad_streamed_pair_is_refused_naming_its_byte_offset(tmp_path, chat_ll
     rows[5]["rejected"] = rows[5]["chosen"]
     _, streamed, _ = dpo_task(tmp_path, chat_llama, rows, streaming=True, eval_documents=2)
     offset = sum(len(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines(keepends=True)[:5])
-    with pytest.raises(ConfigError, match=f"prefs.jsonl, the line at byte {offset}: the 'chosen' and 'rejected' "):
+    with pytest.raises(ConfigError, match=f"prefs.jsonl at byte {offset}: the 'chosen' and 'rejected' "):
         list(streamed.train)

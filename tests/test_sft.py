@@ -21,7 +21,8 @@ from app.tasks.sft.attention import check_isolation, model_inputs
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
-from app.tasks.sft.tokens import Recipe, encode_rows, first_error
+from app.tasks.sft.records import Places
+from app.tasks.sft.tokens import Recipe, encode_rows
 from tests.helpers.tiny_chat import (
     COUNTDOWN,
     END_OF_TURN,
@@ -38,14 +39,16 @@ FIELDS = Fields("messages", "prompt", "completion", "text")
 
 def recipe(data_format: DataFormat, train_on: TrainOn = TrainOn.assistant, block_size: int = 1024,
            overlong: Overlong = Overlong.truncate) -> Recipe:
-    return Recipe(data_format, FIELDS, train_on, block_size, overlong, "chat.jsonl", lines=True)
+    return Recipe(data_format, FIELDS, train_on, block_size, overlong, Places("chat.jsonl", "line"))
 
 
 def encode(tokenizer, rows: list[dict], r: Recipe) -> dict[str, list]:
     """``encode_rows`` on one batch, its first refusal raised (as ``tokenize_split`` does after the map)."""
     batch = {key: [row[key] for row in rows] for key in rows[0]}
     out = encode_rows(batch, list(range(len(rows))), tokenizer, r)
-    first_error(out)
+    error = next((e for e in out["error"] if e), None)
+    if error is not None:
+        raise ConfigError(error)
     return out
 
 
@@ -125,7 +128,7 @@ def test_the_format_is_read_from_the_columns_or_refused_naming_them():
 
 
 @pytest.mark.parametrize(("template", "why"), [
-    (COUNTDOWN, "does not render a conversation as the concatenation of its turns"),
+    (COUNTDOWN, "renders the earlier turns differently once an assistant's turn follows them"),
     (NO_END, "ends an assistant turn with no special token"),
 ])
 def test_a_template_whose_spans_cannot_be_found_is_refused_in_one_sentence(template, why):
@@ -137,24 +140,32 @@ def test_a_template_whose_spans_cannot_be_found_is_refused_in_one_sentence(templ
 @pytest.mark.parametrize(("messages", "why"), [
     ([{"role": "user", "content": "hi"}, {"content": "hello"}], "message 2 of 'messages' has no 'role'"),
     ([{"role": "user"}, {"role": "assistant", "content": "hello"}], "message 1 of 'messages' has no 'content'"),
-    ([{"role": "robot", "content": "hi"}, {"role": "assistant", "content": "hello"}],
-     "message 1 of 'messages' has the role 'robot', not one of system, user, assistant"),
+    ([{"role": "user", "content": [{"type": "image", "url": "x.png"}]}, {"role": "assistant", "content": "a cat"}],
+     "message 1 of 'messages' has a part of type 'image': training is on text only"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
+     "tool call 1 of message 2 of 'messages' has no function name"),
     ([{"role": "user", "content": "hi"}], "it has no assistant turn to learn \\(task.train_on=assistant\\)"),
 ])
 def test_a_bad_row_is_refused_naming_its_file_and_line(messages, why):
     tokenizer = make_tokenizer()
     good = {"messages": conversations(1)[0]}
-    with pytest.raises(ConfigError, match=f"^chat.jsonl line 2: {why}\\.$"):
+    with pytest.raises(ConfigError, match=f"^chat.jsonl line 2: {why}"):
         encode(tokenizer, [good, {"messages": messages}, good], recipe(DataFormat.messages))
 
 
-def test_a_template_that_renders_an_unknown_role_refuses_the_row():
-    """Llama-2's template raises on a role it does not know (here a valid one it lacks: none; so a
-    template that only knows user and assistant, given a system message)."""
-    tokenizer = make_tokenizer(TEMPLATES["llama2"].replace("{% if m['role'] == 'system' %}", "{% if false %}"))
-    with pytest.raises(ConfigError, match="^chat.jsonl line 1: the chat template refuses it \\(unknown role system\\)"):
-        encode(tokenizer, [{"messages": [{"role": "system", "content": "be brief ."}, *conversations(1)[0]]}],
-               recipe(DataFormat.messages))
+def test_any_role_the_template_renders_is_trained_and_one_it_refuses_or_drops_is_a_bad_row():
+    """ChatML renders any role (``tool``, ``developer``...); Llama-2's raises on a role it does not know; a
+    template that silently leaves a role out would train on something else than the row: refused."""
+    chat = [{"role": "developer", "content": "answer in one sentence ."}, *conversations(1)[0]]
+    out = encode(make_tokenizer(), [{"messages": chat}], recipe(DataFormat.messages))
+    assert "<|im_start|>developer\nanswer in one sentence .<|im_end|>" in make_tokenizer().decode(out["input_ids"][0])
+    with pytest.raises(ConfigError, match="^chat.jsonl line 1: the chat template cannot render it \\(TemplateError: "
+                                          "unknown role developer\\)"):
+        encode(make_tokenizer(TEMPLATES["llama2"]), [{"messages": chat}], recipe(DataFormat.messages))
+    silent = TEMPLATES["llama2"].replace("{% else %}{{ raise_exception('unknown role ' + m['role']) }}", "")
+    with pytest.raises(ConfigError, match="^chat.jsonl line 1: the chat template leaves out message 1 \\(role "
+                                          "'developer'\\)"):
+        encode(make_tokenizer(silent), [{"messages": chat}], recipe(DataFormat.messages))
 
 
 def test_an_overlong_conversation_is_cut_dropped_or_refused_by_config():
@@ -347,10 +358,10 @@ MARKED = (TEMPLATES["chatml"].replace("{% for message in messages %}", "{% for m
 def test_the_span_finders_render_is_apply_chat_templates(template):
     """The template compiled once and rendered directly (render.py) gives apply_chat_template's text, with
     and without the generation prompt, for every prefix of conversations with and without a system turn."""
-    from app.tasks.sft.render import renderer
+    from app.tasks.sft.render import Template
 
     tokenizer = make_tokenizer(template)
-    render = renderer(tokenizer)
+    render = Template(tokenizer)
     for chat in conversations(4, seed=5):
         for k in range(1, len(chat) + 1):
             for prompt in (False, True):
@@ -379,12 +390,12 @@ def test_without_transformers_compiler_the_render_falls_back_to_apply_chat_templ
     import sys
     import types
 
-    from app.tasks.sft.render import renderer
+    from app.tasks.sft.render import Template
 
     tokenizer = make_tokenizer(TEMPLATES["llama3"])
-    fast = renderer(tokenizer)
+    fast = Template(tokenizer)
     monkeypatch.setitem(sys.modules, "transformers.utils.chat_template_utils", types.ModuleType("without_it"))
-    fallback = renderer(tokenizer)
+    fallback = Template(tokenizer)
     chat = conversations(1, seed=6)[0]
     expected = tokenizer.apply_chat_template(chat, tokenize=False)
     calls = []

@@ -100,9 +100,9 @@ def test_the_model_card_and_log_say_what_was_learnt(chat_run):
 
 @pytest.mark.parametrize(("rows", "expected"), [
     ([{"messages": [{"role": "user", "content": "hi"}, {"content": "hello"}]}],
-     "val.jsonl line 2: message 2 of 'messages' has no 'role'."),
+     "val.jsonl has 1 bad row(s) of 4: line 2: message 2 of 'messages' has no 'role' — "),
     ([{"messages": [{"role": "user", "content": "hi"}]}],
-     "val.jsonl line 2: it has no assistant turn to learn (task.train_on=assistant)."),
+     "val.jsonl has 1 bad row(s) of 4: line 2: it has no assistant turn to learn (task.train_on=assistant) — "),
 ])
 def test_bad_data_stops_the_run_with_one_sentence(tmp_path, chat_data, rows, expected):
     """Tokenized by 2 processes: the refusal is the main process's, with no worker's traceback."""
@@ -113,7 +113,8 @@ def test_bad_data_stops_the_run_with_one_sentence(tmp_path, chat_data, rows, exp
                    "task.num_proc=2", f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert "Traceback" not in proc.stderr and last.startswith("error: ") and last.endswith(expected), last
+    assert "Traceback" not in proc.stderr and last.startswith("error: ") and expected in last, last
+    assert last.endswith("train on the others with task.bad_rows=skip (each then written to <run>/skipped_rows.jsonl).")
 
 
 def test_an_unusable_template_stops_the_run_with_one_sentence(tmp_path, chat_data):

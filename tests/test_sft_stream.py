@@ -12,20 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from app.config import ConfigError
 from app.tasks.sft.config import DataFormat, SFTConfig
-from app.tasks.sft.stream import ConversationStream
-from app.tasks.sft.task import StreamRecipe, encode_records
+from app.tasks.sft.records import Places
+from app.tasks.sft.stream import ConversationStream, scan
+from app.tasks.sft.tokens import Recipe, bad_records, encode_texts
 from tests.helpers.tiny_chat import conversations, make_tokenizer, write_jsonl
 from tests.test_sft import FIELDS
 from tests.test_sft_engine import assert_bitwise_equal, chat, killed_and_resumed  # noqa: F401 - the fixture
 
 
-def stream_of(path: Path, packing: bool, begin: int = 0) -> ConversationStream:
-    recipe = StreamRecipe(DataFormat.messages, FIELDS, SFTConfig().train_on, 160, SFTConfig().overlong, str(path), True)
+def recipe_of(path: Path) -> Recipe:
+    return Recipe(DataFormat.messages, FIELDS, SFTConfig().train_on, 160, SFTConfig().overlong,
+                  Places(str(path), "byte"))
 
-    def encode(records, offsets):
-        return encode_records(records, offsets, tokenizer=make_tokenizer(), recipe=recipe)
+
+def stream_of(path: Path, packing: bool, begin: int = 0) -> ConversationStream:
+    def encode(texts, offsets):
+        return encode_texts(texts, offsets, tokenizer=make_tokenizer(), recipe=recipe_of(path))
 
     return ConversationStream(path, begin, encode, 160, packing)
 
@@ -59,12 +62,28 @@ def test_two_parts_read_every_conversation_once(tmp_path):
     assert len(parts[0]) + len(parts[1]) == 150 and min(len(parts[0]), len(parts[1])) > 50
 
 
-def test_a_bad_streamed_record_is_refused_naming_its_byte_offset(tmp_path):
-    rows = [{"messages": c} for c in conversations(3, seed=3)]
-    path = write_jsonl(tmp_path / "chat.jsonl", [*rows, {"messages": [{"role": "user"}]}])
-    offset = len("".join(json.dumps(r) + "\n" for r in rows).encode())
-    with pytest.raises(ConfigError, match=f"chat.jsonl, the line at byte {offset},"):
-        list(stream_of(path, False))
+def test_a_streamed_files_bad_records_are_found_by_byte_offset_and_left_out(tmp_path):
+    """Each process's part is scanned once before training (``SFTTask._check_stream`` judges what it finds):
+    the two parts find the file's two bad lines at their byte offsets, a malformed line included, and the
+    stream then trains on the good records only."""
+    rows = [{"messages": c} for c in conversations(40, seed=3)]
+    lines = [json.dumps(r) + "\n" for r in rows]
+    lines.insert(10, '{"messages": [{"role": "user"}]}\n')
+    lines.insert(30, "{not json\n")
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(lines), encoding="utf-8")
+    offsets = [len("".join(lines[:k]).encode()) for k in (10, 30)]
+
+    def check(texts, places):
+        return bad_records(texts, places, tokenizer=make_tokenizer(), recipe=recipe_of(path))
+
+    found = [scan(stream_of(path, False), index, 2, check) for index in range(2)]
+    assert sum(read for read, _ in found) == 42
+    bad = sorted((b for _, part in found for b in part), key=lambda b: b.place)
+    assert [b.place for b in bad] == offsets and [b.unit for b in bad] == ["byte", "byte"]
+    assert bad[0].reason == f"{path} at byte {offsets[0]}: message 1 of 'messages' has no 'content'."
+    assert bad[1].reason.startswith(f"{path} at byte {offsets[1]}: is not a JSON record") and bad[1].row == "{not json"
+    assert len(list(stream_of(path, False))) == 40
 
 
 def bigger(tmp_path: Path, chat_args: tuple[str, ...]) -> tuple[str, ...]:

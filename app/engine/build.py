@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,9 @@ from app.engine.summary import data_summary
 from app.engine.threads import choose_threads, use_threads
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
+from app.run_folder.layout import SKIPPED_ROWS_FILE
 from app.tasks import build_task
-from app.tasks.base import Task, TaskData
+from app.tasks.base import SkipsRows, Task, TaskData
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     check_monitor(cfg, task)  # again: a task may learn its metrics from its data (text_classification's problem)
     streamed = check_streamed(task, data)
     log.info("data: %s", data_summary(task, data))
+    write_skipped_rows(task, accelerator)
     if not streamed:
         check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
     model = task.build_model()
@@ -89,6 +92,17 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
                       show_progress=accelerator.is_main_process and cfg.logging.progress_bar,
                       extra_eval_loaders=dict(zip(data.extra_eval, extra_loaders)), threads=threads)
+
+
+def write_skipped_rows(task: Task, accelerator: Accelerator) -> None:
+    """``<run>/skipped_rows.jsonl``: the rows the task left out (``task.bad_rows=skip``), on the main process."""
+    if not isinstance(task, SkipsRows) or not accelerator.is_main_process or accelerator.project_dir is None:
+        return
+    skipped = task.skipped_rows()
+    if skipped:
+        path = accelerator.project_dir / SKIPPED_ROWS_FILE
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in skipped), encoding="utf-8")
+        log.info("%d bad row(s) left out of the data, each with its reason: %s", len(skipped), path)
 
 
 def check_monitor(cfg: RunConfig, task: Task) -> None:

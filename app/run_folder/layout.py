@@ -17,6 +17,8 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
       model/                  the exported model, export.json (which weights, from where), README.md (its
                               model card) and, with adapter=lora, adapter/ (peft's adapter files)
       result.json             how the run ended
+      skipped_rows.jsonl      the rows of the data a run left out, each with its file, place and reason
+                              (task.bad_rows=skip)
       samples/                step_<N>.jsonl: what the model generated at the evaluation of step N (task=sft's
                               task.sample_prompts)
       eval_metrics.json       a mode=eval run's metrics
@@ -61,6 +63,7 @@ PROFILE_DIR = "profile"
 REPORT_FILE = "report.png"
 LOCK_FILE = ".lock"
 SAMPLES_DIR = "samples"
+SKIPPED_ROWS_FILE = "skipped_rows.jsonl"
 
 
 def hydra_file(run_dir: Path, name: str) -> Path:

@@ -279,6 +279,17 @@ class DescribesData(Protocol):
 
 
 @runtime_checkable
+class SkipsRows(Protocol):
+    """A task that leaves bad rows of its data out (``task.bad_rows=skip``): the engine writes them to
+    ``<run>/skipped_rows.jsonl`` once the data is built, so a user can read what was not trained on and why."""
+
+    def skipped_rows(self) -> list[dict[str, Any]]:
+        """One JSON-able object per row left out: its file, place (``line``, ``row`` or ``byte``), ``reason``
+        and ``row`` (as it came); [] for none."""
+        ...
+
+
+@runtime_checkable
 class WritesSamples(Protocol):
     """A task that shows what the model generates at each evaluation during training (``task=sft``'s
     ``task.sample_prompts``): the engine writes the rows to ``<run>/samples/step_<N>.jsonl`` and to the

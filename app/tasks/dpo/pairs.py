@@ -18,6 +18,7 @@ from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.sft.config import Overlong, TrainOn
 from app.tasks.sft.conversations import BadRow, Conversation, Plain, messages
+from app.tasks.sft.records import Places, batch_rows, row_record
 from app.tasks.sft.spans import Formatted, SpanFinder, UnusableTemplate
 from app.tasks.sft.tokens import tokenize
 
@@ -37,11 +38,11 @@ class PairFields:
     rejected: str
     block_size: int
     overlong: Overlong
-    origin: str
-    lines: bool
+    places: Places
+    """How the split's rows are named in messages (its file, and line, row or byte)."""
 
-    def where(self, index: int) -> str:
-        return f"{self.origin} {'line' if self.lines else 'row'} {index + 1}"
+    def where(self, place: int) -> str:
+        return self.places.where(place)
 
 
 def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | Plain, Conversation | Plain]:
@@ -64,7 +65,8 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
         for answer, name in zip(answers, (fields.chosen, fields.rejected), strict=True):
             if not any(m["role"] == "assistant" for m in answer):
                 raise BadRow(f"the {name!r} answer has no assistant turn")
-            if not all(m["content"].strip() for m in answer if m["role"] == "assistant"):
+            if not all(str(m.get("content", "")).strip() or m.get("tool_calls") for m in answer
+                       if m["role"] == "assistant"):
                 raise BadRow(f"the {name!r} answer is empty")
         sides = [Conversation(turns + answer, len(turns)) for answer in answers]
     else:
@@ -95,24 +97,34 @@ def split_implicit(chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any,
     raise BadRow(f"{fields.chosen!r} and {fields.rejected!r} must be both strings or both lists of messages")
 
 
+def one_sequence(formatted: list[Formatted]) -> Formatted:
+    """A side of a pair is one sequence: an answer whose earlier turns the template rewrites once later ones
+    follow (which sft learns turn by turn, in rows of their own) cannot be scored as one."""
+    if len(formatted) != 1:
+        raise BadRow("the chat template rewrites an earlier turn of its answer once later turns follow, so the answer "
+                     "cannot be scored as one sequence")
+    return formatted[0]
+
+
 def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
                  fields: PairFields) -> dict[str, list]:
     """A ``datasets.map`` batch -> ``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``
     (-100: not learnt) and ``cut`` (1: an answer cut at block_size). Bad pairs are refused naming their line."""
     finder = SpanFinder(tokenizer, TrainOn.assistant)
-    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
+    rows = batch_rows(batch)
+    places = [fields.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
     formatted: list[Formatted] = []
-    for index, row in zip(indices, rows, strict=True):
+    for place, row in zip(places, rows, strict=True):
         try:
-            formatted.extend(finder(side) for side in read_pair(row, fields))
+            formatted.extend(one_sequence(finder(side)) for side in read_pair(row_record(row), fields))
         except BadRow as err:
-            raise ConfigError(f"{fields.where(index)}: {err}.") from None
+            raise ConfigError(f"{fields.where(place)}: {err}.") from None
         except UnusableTemplate as err:
-            raise ConfigError(f"The chat template cannot be trained on: {err} ({fields.where(index)}); give "
+            raise ConfigError(f"The chat template cannot be trained on: {err} ({fields.where(place)}); give "
                               "task.chat_template=chatml or a Jinja file.") from None
     encoded = tokenize(tokenizer, formatted)
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [], "cut": []}
-    for k, index in enumerate(indices):
+    for k, index in enumerate(places):
         cut = 0
         for side, (ids, labels) in zip(SIDES, encoded[2 * k:2 * k + 2], strict=True):
             prompt = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.tasks.causal_lm.stream import LineReader, LineStream
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.sft.records import PLACE, RECORD
 from app.tasks.sft.stream import records_read
 
 if TYPE_CHECKING:
@@ -30,19 +30,11 @@ if TYPE_CHECKING:
 COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
 
 
-@dataclass(frozen=True)
-class StreamedFields(PairFields):
-    """A streamed line is named by its byte offset (a stream that seeks does not count lines)."""
-
-    def where(self, index: int) -> str:
-        return f"{self.origin}, the line at byte {index}"
-
-
 class PairStream(LineStream):
     """Pairs (``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``, ``pair``: the
     line's byte offset) read from ``path`` from byte ``begin``: an ``app.distributed.data.stream.ShardedStream``."""
 
-    def __init__(self, path: Path, begin: int, tokenizer: PreTrainedTokenizerBase, fields: StreamedFields):
+    def __init__(self, path: Path, begin: int, tokenizer: PreTrainedTokenizerBase, fields: PairFields):
         super().__init__(path, begin, LineReader(path, None), lambda texts: [], fields.block_size, False)
         self.encode_pairs = functools.partial(encode_pairs, tokenizer=tokenizer, fields=fields)
 
@@ -64,7 +56,6 @@ class PairStream(LineStream):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return records_read(self.path, self.end, self._state, self._pairs)
 
-    def _pairs(self, records: list[dict[str, Any]], offsets: list[int]) -> list[dict[str, Any]]:
-        keys = list(dict.fromkeys(key for record in records for key in record))
-        out = self.encode_pairs({key: [r.get(key) for r in records] for key in keys}, offsets)
-        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(records))]
+    def _pairs(self, texts: list[str], offsets: list[int]) -> list[dict[str, Any]]:
+        out = self.encode_pairs({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
+        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))]

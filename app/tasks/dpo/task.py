@@ -34,9 +34,10 @@ from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
-from app.tasks.dpo.stream import PairStream, StreamedFields
+from app.tasks.dpo.stream import PairStream
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.packing import SFTCollator
+from app.tasks.sft.records import Places, sample_records
 from app.tasks.sft.task import SFTTask
 from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
@@ -115,12 +116,12 @@ class DPOTask(SFTTask):
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        evaluation, begin, first = self._stream_start(path, root)
-        self._check_columns(list(first[0]), str(path))
-        if isinstance(first[0][cfg.chosen_field], list):
+        (evaluation, places), begin, sample = self._stream_start(path, root)
+        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), str(path))
+        if isinstance(sample[0].get(cfg.chosen_field), list):
             self.conversational = True
             self._check_template()
-        data, cut = self._tokenize(evaluation, "validation", root)
+        data, cut = self._tokenize(evaluation, places, "validation", root)
         size = path.stat().st_size
         after = " after the evaluation records" if begin else ""
         self._splits_read = [
@@ -128,8 +129,8 @@ class DPOTask(SFTTask):
              f"{'conversations' if self.conversational else 'text'}), read while training"),
             f"validation: {len(data):,} pairs of {evaluation.origin}"
             + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else "")]
-        fields = StreamedFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                                str(path), True)
+        fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
+                            Places(str(path), "byte"))
         return (PairStream(path, begin, self.tokenizer, fields),
                 data.add_column("pair", [-(k + 1) for k in range(len(data))]),
                 digest(path.name, str(size), str(begin), evaluation.fingerprint))
@@ -147,14 +148,15 @@ class DPOTask(SFTTask):
         first) for the precomputed reference table. Also returns a key of the pairs."""
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         splits = self._read(root / "raw")
-        train = splits["train"]
-        self._check_columns(train.data.column_names, train.origin)
-        if len(train.data) and isinstance(train.data[0][cfg.chosen_field], list):
+        train, _ = splits["train"]
+        sample = sample_records(train.data)
+        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), train.origin)
+        if sample and isinstance(sample[0].get(cfg.chosen_field), list):
             self.conversational = True
             self._check_template()
         rows, read = {}, []
-        for name, split in splits.items():
-            data, cut = self._tokenize(split, name, root)
+        for name, (split, places) in splits.items():
+            data, cut = self._tokenize(split, places, name, root)
             rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
             read.append(f"{name}: {len(data):,} pairs of {split.origin}"
                         f" ({'conversations' if self.conversational else 'text'})"
@@ -167,10 +169,10 @@ class DPOTask(SFTTask):
         eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
         return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
 
-    def _tokenize(self, split: Split, name: str, root: Path) -> tuple[datasets.Dataset, int]:
+    def _tokenize(self, split: Split, places: Places, name: str, root: Path) -> tuple[datasets.Dataset, int]:
         cfg = self.cfg
         fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                            split.origin, split.origin.lower().endswith(".jsonl"))
+                            places)
         payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
                    "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected],
                    "block_size": cfg.block_size, "overlong": cfg.overlong.value, "data": split.fingerprint}

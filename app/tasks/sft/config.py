@@ -35,6 +35,14 @@ class TrainOn(str, enum.Enum):
     """Every token of the formatted text, the template's headers included."""
 
 
+class BadRows(str, enum.Enum):
+    refuse = "refuse"
+    """Stop before training when any row is bad: one sentence counting them all and naming the first few."""
+    skip = "skip"
+    """Train on the rest: each bad row written to ``<run>/skipped_rows.jsonl`` with its place and reason, and
+    counted in the log (still refused when more than ``task.max_bad_fraction`` of a file's rows are bad)."""
+
+
 class Overlong(str, enum.Enum):
     truncate = "truncate"
     """Keep the first ``task.block_size`` tokens (a conversation left with nothing learnt is dropped)."""
@@ -56,12 +64,21 @@ class SFTConfig(CausalLMConfig):
     messages_field: str = "messages"
     prompt_field: str = "prompt"
     completion_field: str = "completion"
+    tools_field: str = "tools"
+    """A column of function schemas (a list, or its JSON text), given to the chat template with each row's
+    messages as ``apply_chat_template(tools=...)`` gives them; absent or null: none."""
     chat_template: str | None = None
     """null: the tokenizer's own; ``chatml`` (built in, adds ``<|im_start|>``/``<|im_end|>`` to a tokenizer
     that lacks them); or a Jinja file. Saved with the exported tokenizer."""
     train_on: TrainOn = TrainOn.assistant
     overlong: Overlong = Overlong.truncate
     """A conversation longer than ``task.block_size`` tokens."""
+    bad_rows: BadRows = BadRows.refuse
+    """A row that cannot be trained on (malformed JSON, a message without a role, a template that cannot render
+    it...): ``refuse`` reads every file first and stops, counting every bad row and naming the first few;
+    ``skip`` leaves them out (``<run>/skipped_rows.jsonl``)."""
+    max_bad_fraction: float = 0.1
+    """With ``task.bad_rows=skip``: the share of a file's rows that may be bad before the run is refused anyway."""
     num_proc: int = 1
     """Processes that tokenize the map-style splits (``datasets.map(num_proc=...)``)."""
     loss_chunk: int = 256
@@ -76,6 +93,8 @@ class SFTConfig(CausalLMConfig):
 
     def check(self) -> None:
         super().check()
+        if not 0.0 <= self.max_bad_fraction < 1.0:
+            raise ConfigError(f"task.max_bad_fraction must be in [0, 1), got {self.max_bad_fraction}.")
         if self.num_proc < 1:
             raise ConfigError(f"task.num_proc must be at least 1, got {self.num_proc}.")
         if self.sample_prompts < 0 or self.max_new_tokens < 1:

@@ -11,76 +11,66 @@ handed out; a resumed run seeks there and goes on exactly, reading nothing befor
 
 from __future__ import annotations
 
-import json
+import copy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.config import ConfigError
 from app.tasks.causal_lm.stream import READ_AHEAD, LineReader, LineStream
 from app.tasks.sft.packing import best_fit_decreasing, packed_row
+from app.tasks.sft.records import line_text
 
 
-def read_record(path: Path, line: bytes, offset: int) -> dict[str, Any] | None:
-    """A JSON Lines record (None for a blank line), or one sentence naming the line's byte offset."""
-    if not line.strip():
-        return None
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
-        raise ConfigError(f"{path}: the line at byte {offset} is not a JSON record ({err}).") from None
-    if not isinstance(record, dict):
-        raise ConfigError(f"{path}: the line at byte {offset} is not a JSON object.")
-    return record
-
-
-def first_records(path: Path, count: int) -> tuple[list[dict[str, Any]], int]:
-    """The file's first ``count`` records and the byte offset after them."""
-    records: list[dict[str, Any]] = []
+def first_records(path: Path, count: int) -> tuple[list[str], list[int], int]:
+    """The file's first ``count`` records (their lines' texts), their byte offsets, and the byte after them."""
+    texts: list[str] = []
+    offsets: list[int] = []
     with open(path, "rb") as f:
-        while len(records) < count:
+        while len(texts) < count:
             offset = f.tell()
             line = f.readline()
             if not line:
                 break
-            record = read_record(path, line, offset)
-            if record is not None:
-                records.append(record)
-        return records, f.tell()
+            if line.strip():
+                texts.append(line_text(line))
+                offsets.append(offset)
+        return texts, offsets, f.tell()
 
 
-def read_ahead(path: Path, f: BinaryIO, end: int) -> tuple[list[dict[str, Any]], list[int]]:
-    """The next ``READ_AHEAD`` records of an open file before byte ``end``, and their lines' byte offsets."""
-    records: list[dict[str, Any]] = []
+def read_ahead(f: BinaryIO, end: int) -> tuple[list[str], list[int]]:
+    """The next ``READ_AHEAD`` records (their lines' texts) of an open file before byte ``end``, and their
+    lines' byte offsets. A bad line is a record all the same: encoding it says why it is bad."""
+    texts: list[str] = []
     offsets: list[int] = []
-    while len(records) < READ_AHEAD and f.tell() < end:
+    while len(texts) < READ_AHEAD and f.tell() < end:
         offset = f.tell()
-        record = read_record(path, f.readline(), offset)
-        if record is not None:
-            records.append(record)
+        line = f.readline()
+        if line.strip():
+            texts.append(line_text(line))
             offsets.append(offset)
-    return records, offsets
+    return texts, offsets
 
 
 def records_read(path: Path, end: int, state: dict[str, Any],
-                 rows_of: Callable[[list[dict[str, Any]], list[int]], list[Any]]) -> Iterator[Any]:
+                 rows_of: Callable[[list[str], list[int]], list[Any]]) -> Iterator[Any]:
     """A JSON Lines stream's rows: from its ``state``'s offset (and the rows made but not handed out), the
-    records of each read-ahead made into rows by ``rows_of(records, offsets)``, until byte ``end``."""
+    records of each read-ahead made into rows by ``rows_of(texts, offsets)``, until byte ``end``."""
     pending: list[Any] = state["pending"]
     with open(path, "rb") as f:
         f.seek(state["offset"])
         while True:
             while pending:
                 yield pending.pop(0)  # popped first: state_dict() is then after it
-            records, offsets = read_ahead(path, f, end)
+            texts, offsets = read_ahead(f, end)
             state["offset"] = f.tell()
-            if not records:
+            if not texts:
                 return  # the part's end
-            pending.extend(rows_of(records, offsets))
+            pending.extend(rows_of(texts, offsets))
 
 
-Encode = Callable[[list[dict[str, Any]], list[int]], list[dict[str, list[int]]]]
-"""Records and their byte offsets -> training rows (``input_ids``, ``labels``), those with nothing learnt left out."""
+Encode = Callable[[list[str], list[int]], list[dict[str, list[int]]]]
+"""Records (their lines' texts) and their byte offsets -> training rows (``input_ids``, ``labels``), bad ones and
+those with nothing learnt left out."""
 
 
 class ConversationStream(LineStream):
@@ -101,9 +91,29 @@ class ConversationStream(LineStream):
     def __iter__(self) -> Iterator[dict[str, list[int]]]:
         return records_read(self.path, self.end, self._state, self._rows)
 
-    def _rows(self, records: list[dict[str, Any]], offsets: list[int]) -> list[dict[str, list[int]]]:
-        rows = self.encode_records(records, offsets)
+    def _rows(self, texts: list[str], offsets: list[int]) -> list[dict[str, list[int]]]:
+        rows = self.encode_records(texts, offsets)
         if self.packing:
             bins = best_fit_decreasing([len(row["input_ids"]) for row in rows], self.block_size)
             return [packed_row([rows[i]["input_ids"] for i in b], [rows[i]["labels"] for i in b]) for b in bins]
         return [{"input_ids": row["input_ids"], "labels": row["labels"]} for row in rows]
+
+
+def scan(stream: LineStream, index: int, count: int,
+         check: Callable[[list[str], list[int]], list[Any]]) -> tuple[int, list[Any]]:
+    """Part ``index`` of ``count`` of a stream's file, read once from its start (the stream's own position
+    untouched): how many records it holds, and what ``check(texts, offsets)`` finds in them (its bad rows)."""
+    part = copy.copy(stream)
+    part.set_shard(index, count)
+    found: list[Any] = []
+    read = 0
+
+    def look(texts: list[str], offsets: list[int]) -> list[Any]:
+        nonlocal read
+        read += len(texts)
+        found.extend(check(texts, offsets))
+        return []
+
+    for _ in records_read(part.path, part.end, {"offset": part.state_dict()["offset"], "pending": []}, look):
+        pass
+    return read, found

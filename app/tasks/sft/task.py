@@ -11,7 +11,6 @@ per learnt token and ``eval/token_accuracy``, with no logits gathered.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,21 +21,30 @@ from torch import nn
 from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.causal_lm.stream import READ_AHEAD
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
+from app.tasks.sft.bad_rows import Skipped, as_records, from_records, judge
 from app.tasks.sft.chunked import chunking_holds, losses_from_head, shifted_targets
-from app.tasks.sft.config import DataFormat, SFTConfig, TrainOn
+from app.tasks.sft.config import BadRows, DataFormat, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator
-from app.tasks.sft.spans import SpanFinder, UnusableTemplate
-from app.tasks.sft.stream import ConversationStream, first_records
+from app.tasks.sft.records import SAMPLE, Places, parsed, read_records, records_split, sample_records
+from app.tasks.sft.spans import SpanFinder, TemplateTraits, UnusableTemplate
+from app.tasks.sft.stream import ConversationStream, first_records, scan
 from app.tasks.sft.templates import install_chat_template
-from app.tasks.sft.tokens import Recipe, encode_rows, first_error, tokenize_split
+from app.tasks.sft.tokens import (
+    Recipe,
+    Tokenized,
+    bad_records,
+    encode_texts,
+    hold_out_sources,
+    sources,
+    tokenize_split,
+)
 from app.tasks.text.models import load_tokenizer
-from app.tasks.text.sources import Split, check_data_files, load_dataset_splits, read_file
+from app.tasks.text.sources import Split, check_data_files, load_dataset_splits
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root
 
@@ -58,6 +66,12 @@ class SFTTask(CausalLMTask):
         self.data_format: DataFormat | None = None
         self.end_of_turn: str | None = None
         """The token that ends an assistant turn (the export's generation stops there too)."""
+        self.fields: Fields | None = None
+        """The columns read (``task.*_field``; ShareGPT's ``conversations`` where ``messages`` is absent)."""
+        self.spans_from: str | None = None
+        """How the learnt spans are found (the log's data line): the template's generation markers, or its rendering."""
+        self._skipped: list[Skipped] = []
+        self._stream_recipe: Recipe | None = None
         self._explicit_mask = False
         self._prompts: list[tuple[list[int], list[int]]] = []
         """``task.sample_prompts``: the first evaluation conversations' prompts and their learnt answers."""
@@ -84,6 +98,8 @@ class SFTTask(CausalLMTask):
 
             datasets.disable_progress_bars()
         train, evaluation = run_main_first(runtime, self._streamed if self.cfg.streaming else self._prepare)
+        if isinstance(train, ConversationStream):
+            self._check_stream(runtime, train)
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._explicit_mask = runtime.static_shapes
@@ -92,44 +108,68 @@ class SFTTask(CausalLMTask):
         return TaskData(train=train, eval=evaluation, collate_fn=SFTCollator(pad if pad is not None else 0, fixed),
                         train_lengths=lengths)
 
+    def skipped_rows(self) -> list[dict[str, Any]]:
+        """The bad rows left out (``task.bad_rows=skip``), as ``<run>/skipped_rows.jsonl`` lists them."""
+        return [bad.record() for bad in self._skipped]
+
     def _prepare(self) -> tuple[Any, Any]:
         """Both splits read, checked, tokenized with their labels (cached), held out and packed."""
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         splits = self._read(root / "raw")
-        train = splits["train"]
-        try:
-            self.data_format = Fields.of(cfg).detect(train.data.column_names, cfg.format, train.origin)
-        except BadRow as err:
-            raise ConfigError(f"{err}") from None
-        if self.data_format is DataFormat.messages or (self.data_format is DataFormat.prompt_completion
-                                                       and isinstance(train.data[0][cfg.prompt_field], list)):
-            self._check_template()
-        summaries = []
-        rows = {}
-        for name, split in splits.items():
-            data, dropped, cut = tokenize_split(split, name, self.tokenizer, cfg, self.data_format, root)
-            rows[name] = Split(data, digest(split.fingerprint, "sft-rows"), split.origin)
-            summaries.append((name, split, dropped, cut))
+        train, _ = splits["train"]
+        traits = self._detect(sample_records(train.data), train.origin)
+        rows, self._splits_read = {}, []
+        for name, (split, places) in splits.items():
+            tokenized = self._tokenize_rows(split, places, name, traits, root)
+            rows[name] = Split(tokenized.rows, digest(split.fingerprint, "sft-rows"), split.origin)
+            self._splits_read.append(self._describe(name, tokenized))
         held_out = "validation" not in rows
         if held_out:
-            rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
+            rows["train"], rows["validation"] = hold_out_sources(rows["train"], cfg.eval_fraction, cfg.split_seed)
         for name in ("train", "validation"):
             if len(rows[name].data) == 0:
                 raise ConfigError(f"{rows[name].origin} has no conversation with a token to learn "
                                   f"(task.train_on={cfg.train_on.value}).")
         train_rows, eval_rows = rows["train"].data, rows["validation"].data
         self._prompts = sample_prompts(eval_rows, cfg.sample_prompts)
-        self._splits_read = [self._describe(*summary) for summary in summaries]
         if held_out:
-            self._splits_read.append(f"evaluation: {len(eval_rows):,} of them held out (task.eval_fraction="
+            self._splits_read.append(f"evaluation: {sources(eval_rows):,} of them held out (task.eval_fraction="
                                      f"{cfg.eval_fraction}, task.split_seed={cfg.split_seed})")
         if cfg.packing:
             packed_train, packed_eval = PackedRows(train_rows, cfg.block_size), PackedRows(eval_rows, cfg.block_size)
-            self._splits_read.append(f"packed: {len(train_rows):,} training conversations into {len(packed_train):,} "
-                                     f"rows of {cfg.block_size} tokens, {len(eval_rows):,} evaluation ones into "
-                                     f"{len(packed_eval):,}")
+            self._splits_read.append(f"packed: {sources(train_rows):,} training conversations into "
+                                     f"{len(packed_train):,} rows of {cfg.block_size} tokens, {sources(eval_rows):,} "
+                                     f"evaluation ones into {len(packed_eval):,}")
             return packed_train, packed_eval
         return train_rows, eval_rows
+
+    def _tokenize_rows(self, split: Split, places: Places, name: str, traits: TemplateTraits | None,
+                  root: Path) -> Tokenized:
+        """A split's rows, its bad rows judged (``task.bad_rows``) and kept for ``skipped_rows.jsonl``."""
+        assert self.data_format is not None and self.fields is not None  # _detect ran
+        tokenized = tokenize_split(split, places, name, self.tokenizer, self.cfg, self.data_format, self.fields,
+                                   traits, root)
+        self._judge(tokenized.bad, tokenized.read, places.origin)
+        return tokenized
+
+    def _judge(self, bad: list[Skipped], read: int, origin: str) -> None:
+        judge(bad, read, origin, self.cfg.bad_rows is BadRows.skip, self.cfg.max_bad_fraction)
+        self._skipped.extend(bad)
+
+    def _detect(self, sample: list[dict[str, Any]], origin: str) -> TemplateTraits | None:
+        """The data's format and columns (``self.data_format``, ``self.fields``) from a sample of its records;
+        for conversations, the chat template's traits (a template that cannot be trained on refused here,
+        before any row is read)."""
+        columns = list(dict.fromkeys(key for record in sample for key in record))
+        self.fields = Fields.of(self.cfg).with_messages(columns)
+        try:
+            self.data_format = self.fields.detect(columns, self.cfg.format, origin)
+        except BadRow as err:
+            raise ConfigError(f"{err}") from None
+        conversational = self.data_format is DataFormat.messages or (
+            self.data_format is DataFormat.prompt_completion and sample
+            and any(isinstance(sample[0].get(f), list) for f in (self.fields.prompt, self.fields.completion)))
+        return self._check_template() if conversational else None
 
     def _streamed(self) -> tuple[ConversationStream, Any]:
         """The training file as a stream of rows (``stream.ConversationStream``); evaluation: the
@@ -137,95 +177,119 @@ class SFTTask(CausalLMTask):
         cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
         assert cfg.data_files.train is not None  # the schema's check for streaming
         path = Path(cfg.data_files.train).expanduser()
-        evaluation, begin, first = self._stream_start(path, root)
-        try:
-            self.data_format = Fields.of(cfg).detect(list(first[0]), cfg.format, str(path))
-        except BadRow as err:
-            raise ConfigError(f"{err}") from None
-        if self.data_format is DataFormat.messages or (self.data_format is DataFormat.prompt_completion
-                                                       and isinstance(first[0].get(cfg.prompt_field), list)):
-            self._check_template()
-        eval_rows, dropped, cut = tokenize_split(evaluation, "validation", self.tokenizer, cfg, self.data_format,
-                                                 root)
+        (evaluation, places), begin, sample = self._stream_start(path, root)
+        traits = self._detect(sample, str(path))
+        tokenized = self._tokenize_rows(evaluation, places, "validation", traits, root)
+        eval_rows = tokenized.rows
         if len(eval_rows) == 0:
             raise ConfigError(f"{evaluation.origin} has no conversation with a token to learn "
                               f"(task.train_on={cfg.train_on.value}).")
         self._prompts = sample_prompts(eval_rows, cfg.sample_prompts)
-        recipe = StreamRecipe(self.data_format, Fields.of(cfg), cfg.train_on, cfg.block_size, cfg.overlong, str(path),
-                              True)
-        stream = ConversationStream(path, begin, functools.partial(encode_records, tokenizer=self.tokenizer,
-                                                                   recipe=recipe), cfg.block_size, cfg.packing)
+        assert self.data_format is not None and self.fields is not None
+        self._stream_recipe = Recipe(self.data_format, self.fields, cfg.train_on, cfg.block_size, cfg.overlong,
+                                     Places(str(path), "byte"), traits)
+        stream = ConversationStream(path, begin, functools.partial(encode_texts, tokenizer=self.tokenizer,
+                                                                   recipe=self._stream_recipe),
+                                    cfg.block_size, cfg.packing)
         after = " after the evaluation records" if begin else ""
         streamed = (f"train: streamed from {path} ({path.stat().st_size - begin:,} bytes{after}, learnt: "
                     f"{cfg.train_on.value}), read while training; rows with nothing to learn left out")
-        self._splits_read = [streamed, self._describe("validation", evaluation, dropped, cut)]
+        self._splits_read = [streamed, self._describe("validation", tokenized)]
         if cfg.packing:
             packed_eval = PackedRows(eval_rows, cfg.block_size)
             self._splits_read.append(f"packed: each {READ_AHEAD} streamed conversations into rows of {cfg.block_size} "
-                                     f"tokens, {len(eval_rows):,} evaluation ones into {len(packed_eval):,}")
+                                     f"tokens, {sources(eval_rows):,} evaluation ones into {len(packed_eval):,}")
             return stream, packed_eval
         return stream, eval_rows
 
-    def _stream_start(self, path: Path, root: Path) -> tuple[Split, int, list[dict[str, Any]]]:
-        """A streamed run's evaluation split and the byte where its stream begins
-        (:meth:`_streamed_evaluation`), and the file's first record (in a list), which says its columns."""
-        evaluation, begin = self._streamed_evaluation(path, root)
-        first = first_records(path, 1)[0]
-        if not first:
-            raise ConfigError(f"{path} holds no record.")
-        return evaluation, begin, first
+    def _check_stream(self, runtime: TaskRuntime, stream: ConversationStream) -> None:
+        """A streamed file's bad rows, found before training (each process reads its part of the file once),
+        judged as a map-style file's (``task.bad_rows``); the stream then leaves them out as it meets them."""
+        assert self._stream_recipe is not None  # _streamed made it
+        check = functools.partial(bad_records, tokenizer=self.tokenizer, recipe=self._stream_recipe)
+        read, bad = scan(stream, runtime.process_index, runtime.num_processes, check)
+        parts = runtime.gather_object([(read, as_records(bad))])
+        read = sum(n for n, _ in parts)
+        found = [b for _, records in parts for b in from_records(records)]
+        self._judge(found, read, str(stream.path))
+        self._splits_read[0] = self._splits_read[0].replace(", read while training", f", {read:,} records, read "
+                                                            "while training") + (
+            f"; {len(found):,} bad row(s) skipped (skipped_rows.jsonl)" if found else "")
 
-    def _streamed_evaluation(self, path: Path, root: Path) -> tuple[Split, int]:
+    def _stream_start(self, path: Path, root: Path) -> tuple[tuple[Split, Places], int, list[dict[str, Any]]]:
+        """A streamed run's evaluation split and the byte where its stream begins
+        (:meth:`_streamed_evaluation`), and a sample of the file's first records, which says its columns."""
+        evaluation, begin = self._streamed_evaluation(path, root)
+        texts = first_records(path, SAMPLE)[0]
+        sample = parsed(texts)
+        if not sample:
+            raise ConfigError(f"{path} holds no record" + (" that is a JSON object in its first lines." if texts else "."))
+        return evaluation, begin, sample
+
+    def _streamed_evaluation(self, path: Path, root: Path) -> tuple[tuple[Split, Places], int]:
         """A streamed run's evaluation split: the validation file, else the training file's first
         ``task.eval_documents`` records (held out of the stream); and the byte where the stream begins."""
-        import datasets
-
         cfg = self.cfg
         if cfg.data_files.validation is not None:
-            return read_file(cfg.data_files.validation, "validation", root / "raw"), 0
-        held, begin = first_records(path, cfg.eval_documents)
-        if len(held) < cfg.eval_documents or begin >= path.stat().st_size:
-            raise ConfigError(f"{path} has {len(held)} record(s), too few to hold out task.eval_documents="
+            return read_records(cfg.data_files.validation, "validation", root / "raw"), 0
+        texts, offsets, begin = first_records(path, cfg.eval_documents)
+        if len(texts) < cfg.eval_documents or begin >= path.stat().st_size:
+            raise ConfigError(f"{path} has {len(texts)} record(s), too few to hold out task.eval_documents="
                               f"{cfg.eval_documents} for evaluation and stream the rest; give "
                               "task.data_files.validation or a smaller task.eval_documents.")
-        return Split(datasets.Dataset.from_list(held), digest(json.dumps(held, sort_keys=True)),
-                     f"{path} (its first {len(held)} records)"), begin
+        origin = f"{path} (its first {len(texts)} records)"
+        return (records_split(texts, offsets, origin, digest(*texts)), Places(str(path), "byte")), begin
 
-    def _read(self, raw_cache: Path) -> dict[str, Split]:
+    def _read(self, raw_cache: Path) -> dict[str, tuple[Split, Places]]:
         cfg = self.cfg
         if cfg.data_files.train is not None:
             files = {"train": cfg.data_files.train, "validation": cfg.data_files.validation}
-            return {split: read_file(path, split, raw_cache) for split, path in files.items() if path is not None}
+            return {split: read_records(path, split, raw_cache) for split, path in files.items() if path is not None}
         assert cfg.dataset is not None  # the schema's check
-        return load_dataset_splits(cfg.dataset, cfg.dataset_config, None, ["train", "validation"])
+        loaded = load_dataset_splits(cfg.dataset, cfg.dataset_config, None, ["train", "validation"])
+        return {name: (split, Places(split.origin, "row")) for name, split in loaded.items()}
 
-    def _check_template(self) -> None:
+    def _check_template(self) -> TemplateTraits:
         """Conversational data needs a usable template: the tokenizer's own must exist, and the spans of
         a probe conversation must be found (else one sentence, before any row is tokenized)."""
         source = self.cfg.tokenizer or model_source(self.cfg)
         if self.cfg.chat_template is None:
             install_chat_template(self.tokenizer, None, source)  # checks that the tokenizer has its own
+        finder = SpanFinder(self.tokenizer, TrainOn.assistant)
         try:
-            self.end_of_turn = SpanFinder(self.tokenizer, TrainOn.assistant).end_of_turn()
+            traits = finder.probe()
         except UnusableTemplate as err:
             raise ConfigError(f"The chat template of {self.cfg.chat_template or source} cannot be trained on: {err}; "
                               "give task.chat_template=chatml or a Jinja file.") from None
         except BadRow as err:
             raise ConfigError(f"The chat template of {self.cfg.chat_template or source} fails on a two-turn "
                               f"conversation: {err}.") from None
+        self.end_of_turn = traits.end_of_turn
+        self.spans_from = ("the template's generation markers" if finder.template.has_markers
+                           else "the template's rendering, turn by turn")
+        return traits
 
-    def _describe(self, name: str, split: Split, dropped: int, cut: int) -> str:
-        """``train: 120 conversations of chat.jsonl (messages, learnt: assistant), 2 dropped with nothing to
-        learn, 3 cut at task.block_size=256``."""
+    def _describe(self, name: str, t: Tokenized) -> str:
+        """``train: 120 conversations of chat.jsonl (messages, learnt: assistant), 4 bad rows skipped, 2 dropped
+        with nothing to learn, 3 cut at task.block_size=256; learnt spans: ...``, each row counted once."""
         assert self.data_format is not None
+        cfg = self.cfg
         kind = {DataFormat.messages: "conversations", DataFormat.prompt_completion: "prompt/completion pairs",
                 DataFormat.text: "texts"}[self.data_format]
-        text = f"{name}: {len(split.data):,} {kind} of {split.origin} (learnt: {self.cfg.train_on.value})"
-        if dropped:
-            text += f", {dropped:,} dropped with nothing to learn"
-        if cut:
-            text += f", {cut:,} {'dropped as' if self.cfg.overlong.value == 'drop' else 'cut at'} longer than " \
-                    f"task.block_size={self.cfg.block_size}"
+        text = f"{name}: {t.kept:,} {kind} of {t.origin} (learnt: {cfg.train_on.value})"
+        for count, what in ((len(t.bad), "bad row(s) skipped (skipped_rows.jsonl)"),
+                            (t.dropped, "dropped with nothing to learn"),
+                            (t.too_long, f"dropped as longer than task.block_size={cfg.block_size}"),
+                            (t.cut, f"cut at task.block_size={cfg.block_size}")):
+            text += f", {count:,} {what}" if count else ""
+        if self.spans_from is not None and cfg.train_on is not TrainOn.all:
+            text += f"; learnt spans from {self.spans_from}"
+            if self.spans_from.endswith("markers"):
+                text += (f" (the span finder places {t.disagreements:,} turn(s) otherwise)" if t.disagreements
+                         else " (the span finder agrees)")
+            if t.own_rows:
+                text += (f"; {t.own_rows:,} with turns the template rewrites once later turns follow, each such turn "
+                         "trained in a row of its own")
         return text
 
     # -- model and steps -----------------------------------------------------------------------------------
@@ -348,21 +412,3 @@ def sample_prompts(rows: Any, count: int) -> list[tuple[list[int], list[int]]]:
         end = next((i for i in range(first, len(labels)) if labels[i] == IGNORE_INDEX), len(labels))
         prompts.append((ids[:first], ids[first:end]))
     return prompts
-
-
-class StreamRecipe(Recipe):
-    """A streamed file's rows are named by their byte offset (a stream that seeks does not count lines)."""
-
-    def where(self, index: int) -> str:
-        return f"{self.origin}, the line at byte {index},"
-
-
-def encode_records(records: list[dict[str, Any]], offsets: list[int], tokenizer: PreTrainedTokenizerBase,
-                   recipe: Recipe) -> list[dict[str, list[int]]]:
-    """Streamed records -> training rows, as the map-style split's (``tokens.encode_rows``): a bad record
-    refused naming its byte offset, records with nothing learnt left out."""
-    keys = list(dict.fromkeys(key for record in records for key in record))
-    out = encode_rows({key: [record.get(key) for record in records] for key in keys}, offsets, tokenizer, recipe)
-    first_error(out)
-    return [{"input_ids": ids, "labels": labels}
-            for ids, labels, learnt in zip(out["input_ids"], out["labels"], out["learnt"], strict=True) if learnt > 0]

@@ -1,8 +1,9 @@
-"""From rows to training rows: each row formatted (``spans.SpanFinder``), tokenized once with character
-offsets, and labelled: a token is learnt (its label is its id) where it overlaps a learnt range, else
-its label is -100. A split is tokenized by ``datasets.map`` (``task.num_proc`` processes, a progress
-bar, cached on disk under a key of everything that changes the rows), then the rows with nothing
-learnt are dropped and counted."""
+"""From rows to training rows: each row formatted (``spans.SpanFinder``: one text, or one per assistant turn
+of a template that rewrites earlier turns), tokenized once with character offsets, and labelled: a token is
+learnt (its label is its id) where it overlaps a learnt range, else its label is -100. A split is tokenized
+by ``datasets.map`` (``task.num_proc`` processes, a progress bar, cached on disk under a key of everything
+that changes the rows); then :class:`Tokenized` says what became of every row: trained on, bad (with its
+place and reason, for ``bad_rows.py``), dropped with nothing to learn, cut at the block."""
 
 from __future__ import annotations
 
@@ -10,24 +11,30 @@ import functools
 import hashlib
 import itertools
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.sft.bad_rows import Skipped
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields, read_row
-from app.tasks.sft.spans import Formatted, Ranges, SpanFinder, UnusableTemplate
+from app.tasks.sft.records import PLACE, RECORD, Places, batch_rows, raw_text, row_record
+from app.tasks.sft.render import Ranges
+from app.tasks.sft.spans import Formatted, SpanFinder, TemplateTraits, UnusableTemplate
 from app.tasks.text.sources import Split
+from app.tasks.text.task import digest
 from app.tasks.text.tokenization import tokenizer_fingerprint
 
 if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Part of the cache key: bump it when ``encode_rows`` changes what it produces."""
+KEPT_COLUMNS = ("input_ids", "labels", "source")
 
 
 @dataclass(frozen=True)
@@ -40,18 +47,19 @@ class Recipe:
     train_on: TrainOn
     block_size: int
     overlong: Overlong
-    origin: str
-    """The split's file, for messages."""
-    lines: bool
-    """Rows are the lines of a JSON Lines file: messages say "line N" (else "row N")."""
+    places: Places
+    """How the split's rows are named in messages (its file, and line, row or byte)."""
+    traits: TemplateTraits | None = None
+    """The chat template's end-of-turn token and generation prompt (``SpanFinder.probe``), found once."""
 
     @classmethod
-    def of(cls, cfg: SFTConfig, data_format: DataFormat, split: Split) -> Recipe:
-        return cls(data_format, Fields.of(cfg), cfg.train_on, cfg.block_size, cfg.overlong, split.origin,
-                   split.origin.lower().endswith(".jsonl"))
+    def of(cls, cfg: SFTConfig, data_format: DataFormat, fields: Fields, places: Places,
+           traits: TemplateTraits | None) -> Recipe:
+        return cls(data_format, fields, cfg.train_on, cfg.block_size, cfg.overlong, places, traits)
 
-    def where(self, index: int) -> str:
-        return f"{self.origin} {'line' if self.lines else 'row'} {index + 1}"
+    def key(self) -> dict[str, Any]:
+        """The recipe as part of a cache key (the file's name left out: its contents are keyed)."""
+        return {**asdict(self), "places": self.places.unit}
 
 
 def tokenize(tokenizer: PreTrainedTokenizerBase, formatted: list[Formatted]) -> list[tuple[list[int], list[int]]]:
@@ -84,42 +92,65 @@ def learnt_labels(ids: list[int], offsets: list[tuple[int, int]], ranges: Ranges
     return [t if before[end] > before[begin] else IGNORE_INDEX for t, (begin, end) in zip(ids, offsets, strict=True)]
 
 
+COLUMNS = ("input_ids", "labels", "learnt", "cut", "own_row", "disagreements", "source", "place", "error", "raw")
+
+
 def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
                 recipe: Recipe) -> dict[str, list]:
-    """A ``datasets.map`` batch -> ``input_ids``, ``labels``, ``learnt`` (tokens learnt, 0: dropped later),
-    ``cut`` (1: truncated to block_size) and ``error``: why a bad row is refused, naming its line (empty
-    for a good row). Errors are returned, not raised: raised in one of ``task.num_proc`` processes, the
-    pool would be torn down mid-work; :func:`first_error` raises the first one in the main process."""
-    finder = SpanFinder(tokenizer, recipe.train_on)
-    rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
-    formatted: list[Formatted | None] = []
-    errors = []
-    for index, row in zip(indices, rows, strict=True):
-        try:
-            formatted.append(finder(read_row(row, recipe.data_format, recipe.fields)))
-            errors.append("")
-        except BadRow as err:
-            formatted.append(None)
-            errors.append(f"{recipe.where(index)}: {err}.")
-        except UnusableTemplate as err:
-            formatted.append(None)
-            errors.append(f"The chat template cannot be trained on with task.train_on={recipe.train_on.value}: {err} "
-                          f"({recipe.where(index)}); give task.chat_template=chatml or a Jinja file.")
-    encoded = iter(tokenize(tokenizer, [f for f in formatted if f is not None]))
-    out: dict[str, list] = {"input_ids": [], "labels": [], "learnt": [], "cut": [], "error": errors}
-    for i, (index, item) in enumerate(zip(indices, formatted, strict=True)):
-        ids, labels = next(encoded) if item is not None else ([], [])
+    """A ``datasets.map`` batch -> training rows (one or several per row: ``source`` is the row's index,
+    ``place`` its line): ``input_ids``, ``labels``, ``learnt`` (tokens learnt; 0: dropped later), ``cut``
+    (1: truncated to block_size), ``own_row`` (a turn the template rewrites later, in a row of its own),
+    ``disagreements`` (turns the span finder places otherwise than the template's markers); a bad row is one
+    row with its ``error`` (the sentence naming its place) and ``raw`` (the row as it came). Errors are
+    returned, not raised: raised in one of ``task.num_proc`` processes, the pool would be torn down mid-work."""
+    finder = SpanFinder(tokenizer, recipe.train_on, recipe.traits)
+    out: dict[str, list] = {column: [] for column in COLUMNS}
+    rows = batch_rows(batch)
+    places = [recipe.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
+    formatted: list[list[Formatted] | str] = [_format(row, place, finder, recipe) for row, place in
+                                              zip(rows, places, strict=True)]
+    encoded = iter(tokenize(tokenizer, [f for group in formatted if not isinstance(group, str) for f in group]))
+    for index, row, place, group in zip(indices, rows, places, formatted, strict=True):
+        made = group if isinstance(group, str) else _rows(group, [next(encoded) for _ in group], place, recipe)
+        if isinstance(made, str):  # refused: one row saying why
+            made = [{"input_ids": [], "labels": [], "learnt": 0, "cut": 0, "own_row": 0, "disagreements": 0,
+                     "error": made, "raw": raw_text(row)}]
+        base = {"source": index, "place": place, "error": "", "raw": ""}
+        for made_row in made:
+            full = {**base, **made_row}
+            for column in COLUMNS:
+                out[column].append(full[column])
+    return out
+
+
+def _format(row: dict[str, Any], place: int, finder: SpanFinder, recipe: Recipe) -> list[Formatted] | str:
+    """The row's formatted texts, or why it is refused (a sentence naming its place)."""
+    where = recipe.places.where(place)
+    try:
+        return finder(read_row(row_record(row), recipe.data_format, recipe.fields))
+    except BadRow as err:
+        return f"{where}: {err}."
+    except UnusableTemplate as err:
+        return (f"The chat template cannot be trained on with task.train_on={recipe.train_on.value}: {err} "
+                f"({where}); give task.chat_template=chatml or a Jinja file.")
+
+
+def _rows(group: list[Formatted], encoded: list[tuple[list[int], list[int]]], place: int,
+          recipe: Recipe) -> list[dict[str, Any]] | str:
+    """A row's training rows, cut at the block; or, with ``task.overlong=refuse``, why it is refused."""
+    made = []
+    for formatted, (ids, labels) in zip(group, encoded, strict=True):
         cut = len(ids) > recipe.block_size
         if cut and recipe.overlong is Overlong.refuse:
-            errors[i] = (f"{recipe.where(index)} is {len(ids)} tokens long, more than task.block_size="
-                         f"{recipe.block_size} (task.overlong=refuse); give a larger block_size or "
-                         "task.overlong=truncate or drop.")
+            return (f"{recipe.places.where(place)} is {len(ids)} tokens long, more than task.block_size="
+                    f"{recipe.block_size} (task.overlong=refuse); give a larger block_size or task.overlong="
+                    "truncate or drop.")
         if cut:
             ids, labels = ids[:recipe.block_size], labels[:recipe.block_size]
         learnt = 0 if cut and recipe.overlong is Overlong.drop else len(labels) - labels.count(IGNORE_INDEX)
-        for key, value in (("input_ids", ids), ("labels", labels), ("learnt", learnt), ("cut", int(cut))):
-            out[key].append(value)
-    return out
+        made.append({"input_ids": ids, "labels": labels, "learnt": learnt, "cut": int(cut),
+                     "own_row": int(formatted.own_row), "disagreements": formatted.disagreements})
+    return made
 
 
 def row_features() -> datasets.Features:
@@ -128,23 +159,68 @@ def row_features() -> datasets.Features:
     from datasets import Features, List, Value
 
     return Features({"input_ids": List(Value("int32")), "labels": List(Value("int64")), "learnt": Value("int64"),
-                     "cut": Value("int64"), "error": Value("string")})
+                     "cut": Value("int64"), "own_row": Value("int64"), "disagreements": Value("int64"),
+                     "source": Value("int64"), "place": Value("int64"), "error": Value("string"),
+                     "raw": Value("string")})
 
 
-def first_error(out: dict[str, list] | datasets.Dataset) -> None:
-    """Raise the first row's refusal (a ConfigError), if any row was refused."""
-    error = next((e for e in out["error"] if e), None)
-    if error is not None:
-        raise ConfigError(error)
+@dataclass
+class Tokenized:
+    """A split's training rows and what became of its rows (conversations, pairs...), each counted once."""
+
+    rows: Any
+    """The rows with something learnt: ``input_ids``, ``labels``, ``source`` (the row they come from)."""
+    origin: str
+    read: int
+    """Rows read, bad ones included."""
+    bad: list[Skipped] = field(default_factory=list)
+    dropped: int = 0
+    """Good rows with nothing to learn (task.train_on finds no token in them, or all was cut away)."""
+    cut: int = 0
+    """Good rows kept with a part cut at the block (task.overlong=truncate)."""
+    too_long: int = 0
+    """Good rows left out for being longer than the block (task.overlong=drop)."""
+    own_rows: int = 0
+    """Rows whose template rewrites an earlier turn: its turns learnt in rows of their own."""
+    disagreements: int = 0
+    """Turns where the span finder and the template's generation markers differ (the markers win)."""
+
+    @property
+    def kept(self) -> int:
+        return self.read - len(self.bad) - self.dropped - self.too_long
 
 
-def tokenize_split(split: Split, name: str, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig,
-                   data_format: DataFormat, cache_dir: Path | None) -> tuple[datasets.Dataset, int, int]:
-    """The split's rows with something learnt, and how many were dropped (nothing learnt) and cut."""
-    recipe = Recipe.of(cfg, data_format, split)
+def summarise(rows: Any, places: Places, overlong: Overlong) -> Tokenized:
+    """What :func:`encode_rows` made of a split: the good rows with something learnt, the counts, the bad rows."""
+    error, learnt, cut, own, source = (rows[c] for c in ("error", "learnt", "cut", "own_row", "source"))
+    bad = [Skipped(places.origin, places.unit, place, reason, raw)
+           for place, reason, raw in zip(rows["place"], error, rows["raw"], strict=True) if reason]
+    by_source: dict[int, list[int]] = {}
+    for i, s in enumerate(source):
+        if not error[i]:
+            by_source.setdefault(s, []).append(i)
+    summary = Tokenized(None, places.origin, len(by_source) + len(bad), bad, disagreements=sum(rows["disagreements"]))
+    for members in by_source.values():
+        if overlong is Overlong.drop and any(cut[i] for i in members):
+            summary.too_long += 1
+        elif not any(learnt[i] for i in members):
+            summary.dropped += 1
+        else:
+            summary.cut += any(cut[i] for i in members)
+            summary.own_rows += any(own[i] for i in members)
+    kept = [i for i, n in enumerate(learnt) if n > 0 and not error[i]
+            and not (overlong is Overlong.drop and any(cut[j] for j in by_source[source[i]]))]
+    summary.rows = (rows if len(kept) == len(rows) else rows.select(kept)).select_columns(list(KEPT_COLUMNS))
+    return summary
+
+
+def tokenize_split(split: Split, places: Places, name: str, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig,
+                   data_format: DataFormat, fields: Fields, traits: TemplateTraits | None,
+                   cache_dir: Path | None) -> Tokenized:
+    """The split's rows encoded (cached) and summarised."""
+    recipe = Recipe.of(cfg, data_format, fields, places, traits)
     payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer),
-               "template": tokenizer.chat_template, "recipe": {**asdict(recipe), "origin": None},
-               "data": split.fingerprint}
+               "template": tokenizer.chat_template, "recipe": recipe.key(), "data": split.fingerprint}
     key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
     cached: dict[str, Any] = {}
     if cache_dir is not None:
@@ -155,10 +231,48 @@ def tokenize_split(split: Split, name: str, tokenizer: PreTrainedTokenizerBase, 
                           features=row_features(),
                           num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
                           desc=f"Tokenizing {cfg.name} {name}", **cached)
-    first_error(rows)
-    learnt = rows["learnt"]
-    kept = [i for i, n in enumerate(learnt) if n > 0]
-    cut = sum(rows["cut"])
-    if len(kept) < len(rows):
-        rows = rows.select(kept)
-    return rows, len(learnt) - len(kept), cut
+    return summarise(rows, places, cfg.overlong)
+
+
+def encode_texts(texts: list[str], offsets: list[int], tokenizer: PreTrainedTokenizerBase,
+                 recipe: Recipe) -> list[dict[str, list[int]]]:
+    """A stream's records (their lines' texts and byte offsets) -> training rows, as the map-style split's;
+    bad rows (found and judged before training: ``SFTTask._check_stream``) and rows with nothing learnt
+    left out."""
+    out = encode_rows({RECORD: texts, PLACE: offsets}, list(range(len(texts))), tokenizer, recipe)
+    return [{"input_ids": ids, "labels": labels} for ids, labels, learnt, error
+            in zip(out["input_ids"], out["labels"], out["learnt"], out["error"], strict=True) if learnt > 0 and not error]
+
+
+def bad_records(texts: list[str], offsets: list[int], tokenizer: PreTrainedTokenizerBase,
+                recipe: Recipe) -> list[Skipped]:
+    """The bad rows among a stream's records, as the map-style split's are found."""
+    out = encode_rows({RECORD: texts, PLACE: offsets}, list(range(len(texts))), tokenizer, recipe)
+    places = recipe.places
+    return [Skipped(places.origin, places.unit, place, reason, raw)
+            for place, reason, raw in zip(out["place"], out["error"], out["raw"], strict=True) if reason]
+
+
+def sources(rows: Any) -> int:
+    """How many rows of the data (conversations, pairs) training rows come from."""
+    return len(set(rows["source"]))
+
+
+def hold_out_sources(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """``fraction`` of the data's rows (conversations), drawn with ``seed``, as the evaluation split, all the
+    training rows made from a held-out conversation with it (a conversation learnt turn by turn is never in
+    both); the same draw as ``causal_lm.documents.hold_out`` where each conversation is one row."""
+    import numpy as np
+
+    source = split.data["source"]
+    unique = sorted(set(source))
+    if len(unique) < 2:
+        raise ConfigError(f"{split.origin} has {len(unique)} conversation, too few to hold out an evaluation set; "
+                          "give task.data_files.validation.")
+    order = np.random.RandomState(seed).permutation(len(unique))
+    held = {unique[i] for i in order[:math.ceil(fraction * len(unique))]}
+    tag = f"held-out-{fraction}-{seed}"
+    train = [i for i, s in enumerate(source) if s not in held]
+    evaluation = [i for i, s in enumerate(source) if s in held]
+    return (Split(split.data.select(train), digest(split.fingerprint, tag, "train"), split.origin),
+            Split(split.data.select(evaluation), digest(split.fingerprint, tag, "eval"), f"{split.origin} (held out)"))
