@@ -221,6 +221,31 @@ def test_a_bad_pair_is_refused_naming_its_file_and_line(tmp_path, chat_llama, ch
         dpo_task(tmp_path, chat_llama, rows)
 
 
+def test_encode_pairs_returns_each_bad_pairs_refusal_and_tokenizing_processes_hand_back_the_first(tmp_path,
+                                                                                                   chat_llama):
+    """A bad pair gets its sentence in the ``error`` column and empty lists, the good ones their rows as
+    alone; with ``task.num_proc=2`` the run refuses the first bad pair (not a torn-down pool)."""
+    from app.tasks.dpo.pairs import PairFields, encode_pairs
+    from app.tasks.sft.config import Overlong
+
+    rows = preference_rows(4)
+    rows[1]["rejected"] = rows[1]["chosen"]
+    rows[3]["chosen"] = [{"role": "assistant", "content": " "}]
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    task, _, _ = dpo_task(tmp_path / "ok", chat_llama, preference_rows(4))
+    fields = PairFields("prompt", "chosen", "rejected", 128, Overlong.truncate, "f.jsonl", True)
+    out = encode_pairs(batch, [10, 11, 12, 13], task.tokenizer, fields)
+    assert out["error"] == ["", "f.jsonl line 12: the 'chosen' and 'rejected' answers are identical.", "",
+                            "f.jsonl line 14: the 'chosen' answer is empty."]
+    assert out["chosen_ids"][1] == out["rejected_labels"][3] == [] and out["cut"] == [0, 0, 0, 0]
+    alone = encode_pairs({key: [value[2]] for key, value in batch.items()}, [12], task.tokenizer, fields)
+    assert alone["chosen_ids"][0] == out["chosen_ids"][2] and alone["rejected_labels"][0] == out["rejected_labels"][2]
+    many = preference_rows(40)
+    many[30]["rejected"] = many[30]["chosen"]
+    with pytest.raises(ConfigError, match="prefs.jsonl line 31: the 'chosen' and 'rejected' answers are identical"):
+        dpo_task(tmp_path / "procs", chat_llama, many, num_proc=2)
+
+
 def test_options_are_checked():
     for options, why in (({"beta": 0.0}, "task.beta"), ({"packing": True, "streaming": True}, "packing"),
                          ({"loss_type": LossType.ipo, "label_smoothing": 0.1}, "label_smoothing")):

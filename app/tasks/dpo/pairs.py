@@ -5,8 +5,9 @@ has an implicit prompt (``chosen`` and ``rejected`` only, two whole conversation
 begin alike: the prompt is what they share, the messages up to the first that differs). Each side is
 formatted as ``task=sft`` formats a prompt/completion pair (``spans.SpanFinder``: the chat template, the
 answer's assistant turns learnt with their end-of-turn token; plain strings: BOS, prompt, answer, EOS)
-and tokenized with character offsets (``tokens.tokenize``). Bad pairs are refused, naming file and line:
-an empty answer, a chosen answer identical to the rejected one, a prompt that fills the whole block.
+and tokenized with character offsets (``tokens.tokenize``). A bad pair's refusal names its file and line
+(an empty answer, a chosen answer identical to the rejected one, a prompt that fills the whole block):
+returned in an ``error`` column, as ``tokens.encode_rows`` returns a bad row's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.sft.config import Overlong, TrainOn
 from app.tasks.sft.conversations import BadRow, Conversation, Plain, messages
@@ -22,6 +22,7 @@ from app.tasks.sft.spans import Formatted, SpanFinder, UnusableTemplate
 from app.tasks.sft.tokens import tokenize
 
 if TYPE_CHECKING:
+    import datasets
     from transformers import PreTrainedTokenizerBase
 
 SIDES = ("chosen", "rejected")
@@ -98,35 +99,65 @@ def split_implicit(chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any,
 def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
                  fields: PairFields) -> dict[str, list]:
     """A ``datasets.map`` batch -> ``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``
-    (-100: not learnt) and ``cut`` (1: an answer cut at block_size). Bad pairs are refused naming their line."""
+    (-100: not learnt), ``cut`` (1: an answer cut at block_size) and ``error``: why a bad pair is refused,
+    naming its line (empty for a good pair; a bad one's lists are empty). Errors are returned, not raised,
+    as ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be
+    torn down mid-work; ``tokens.first_error`` raises the first one in the main process."""
     finder = SpanFinder(tokenizer, TrainOn.assistant)
     rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)]
     formatted: list[Formatted] = []
+    errors: list[str] = []
     for index, row in zip(indices, rows, strict=True):
         try:
             formatted.extend(finder(side) for side in read_pair(row, fields))
+            errors.append("")
         except BadRow as err:
-            raise ConfigError(f"{fields.where(index)}: {err}.") from None
+            errors.append(f"{fields.where(index)}: {err}.")
         except UnusableTemplate as err:
-            raise ConfigError(f"The chat template cannot be trained on: {err} ({fields.where(index)}); give "
-                              "task.chat_template=chatml or a Jinja file.") from None
-    encoded = tokenize(tokenizer, formatted)
-    out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [], "cut": []}
+            errors.append(f"The chat template cannot be trained on: {err} ({fields.where(index)}); give "
+                          "task.chat_template=chatml or a Jinja file.")
+    encoded = iter(tokenize(tokenizer, formatted))
+    out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
+                            "cut": [], "error": errors}
     for k, index in enumerate(indices):
+        sides: list[tuple[list[int], list[int]]] = [([], []), ([], [])]
         cut = 0
-        for side, (ids, labels) in zip(SIDES, encoded[2 * k:2 * k + 2], strict=True):
-            prompt = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
-            if prompt >= fields.block_size:
-                raise ConfigError(f"{fields.where(index)}: its prompt is {prompt} tokens long, leaving no room for the "
-                                  f"{side} answer in task.block_size={fields.block_size}; give a larger block_size or "
-                                  "a shorter prompt.")
-            if len(ids) > fields.block_size:
-                if fields.overlong is Overlong.refuse:
-                    raise ConfigError(f"{fields.where(index)}: its {side} side is {len(ids)} tokens long, more than "
-                                      f"task.block_size={fields.block_size} (task.overlong=refuse); give a larger "
-                                      "block_size or task.overlong=truncate.")
-                ids, labels, cut = ids[:fields.block_size], labels[:fields.block_size], 1
+        if not errors[k]:
+            try:
+                sides, cut = fit_pair([next(encoded), next(encoded)], fields)
+            except BadRow as err:
+                errors[k] = f"{fields.where(index)}: {err}."
+                sides = [([], []), ([], [])]
+        for side, (ids, labels) in zip(SIDES, sides, strict=True):
             out[f"{side}_ids"].append(ids)
             out[f"{side}_labels"].append(labels)
         out["cut"].append(cut)
     return out
+
+
+def fit_pair(sides: list[tuple[list[int], list[int]]], fields: PairFields
+             ) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """Both sides' (ids, labels) within ``task.block_size`` and whether an answer was cut; BadRow if not."""
+    fitted, cut = [], 0
+    for side, (ids, labels) in zip(SIDES, sides, strict=True):
+        prompt = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+        if prompt >= fields.block_size:
+            raise BadRow(f"its prompt is {prompt} tokens long, leaving no room for the {side} answer in "
+                         f"task.block_size={fields.block_size}; give a larger block_size or a shorter prompt")
+        if len(ids) > fields.block_size:
+            if fields.overlong is Overlong.refuse:
+                raise BadRow(f"its {side} side is {len(ids)} tokens long, more than task.block_size="
+                             f"{fields.block_size} (task.overlong=refuse); give a larger block_size or "
+                             "task.overlong=truncate")
+            ids, labels, cut = ids[:fields.block_size], labels[:fields.block_size], 1
+        fitted.append((ids, labels))
+    return fitted, cut
+
+
+def pair_features() -> datasets.Features:
+    """The columns of :func:`encode_pairs`, given to ``datasets.map`` so a batch of bad pairs (empty lists)
+    does not make it infer another type for them."""
+    from datasets import Features, List, Value
+
+    return Features({**{f"{side}_{part}": List(Value("int64")) for side in SIDES for part in ("ids", "labels")},
+                     "cut": Value("int64"), "error": Value("string")})

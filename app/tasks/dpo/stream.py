@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from app.tasks.causal_lm.stream import LineReader, LineStream
 from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
 from app.tasks.sft.stream import records_read
+from app.tasks.sft.tokens import first_error
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -67,4 +68,5 @@ class PairStream(LineStream):
     def _pairs(self, records: list[dict[str, Any]], offsets: list[int]) -> list[dict[str, Any]]:
         keys = list(dict.fromkeys(key for record in records for key in record))
         out = self.encode_pairs({key: [r.get(key) for r in records] for key in keys}, offsets)
+        first_error(out)  # the first bad pair stops the run
         return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(records))]

@@ -32,12 +32,13 @@ from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
-from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs, pair_features
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream, StreamedFields
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.task import SFTTask
+from app.tasks.sft.tokens import first_error
 from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
@@ -45,7 +46,7 @@ from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 if TYPE_CHECKING:
     import datasets
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected")
@@ -180,8 +181,10 @@ class DPOTask(SFTTask):
                               with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
                               num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
                               desc=f"Tokenizing {cfg.name} {name}",
-                              cache_file_name=str(root / f"dpo-{name}-{key}.arrow"), load_from_cache_file=True)
-        return data.remove_columns("cut"), sum(data["cut"])
+                              features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
+                              load_from_cache_file=True)
+        first_error(data)  # the first bad pair refuses the run
+        return data.remove_columns(["cut", "error"]), sum(data["cut"])
 
     # -- model and steps -----------------------------------------------------------------------------------
 
