@@ -207,6 +207,28 @@ def test_the_explicit_implicit_and_string_forms(tmp_path, chat_llama):
     assert "?" not in learnt and learnt.endswith(" .</s>") and whole.endswith(learnt)  # the answer and EOS
 
 
+@pytest.mark.parametrize("form", ["ultrafeedback", "string_prompt", "string_answers"])
+def test_mixed_layouts_give_the_explicit_conversations_pairs(tmp_path, chat_llama, form):
+    """UltraFeedback-binarized's layout (a string prompt; chosen/rejected as conversations that repeat it
+    as their user turn; prompt_id, messages and scores beside them), a string prompt with assistant-only
+    answers, and a user message with string answers: each trains on the pairs of the explicit form
+    (the prompt as one user turn, each answer as one assistant turn), the other columns unread."""
+    task, mixed, _ = dpo_task(tmp_path / form, chat_llama, preference_rows(10, form=form))
+    _, explicit, _ = dpo_task(tmp_path / "explicit", chat_llama, preference_rows(10, form="messages"))
+    assert task.conversational and len(mixed.train) == len(explicit.train) > 0
+    for key in ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels"):
+        assert list(mixed.train[key]) == list(explicit.train[key]) and list(mixed.eval[key]) == list(explicit.eval[key])
+
+
+def test_a_string_prompt_that_its_conversations_do_not_begin_with_is_refused(tmp_path, chat_llama):
+    rows = preference_rows(6, form="ultrafeedback")
+    rows[4]["prompt"] = "what did the dog do ?"
+    rows[4]["chosen"][0]["content"] = rows[4]["rejected"][0]["content"] = "what did the cat do ?"
+    with pytest.raises(ConfigError, match="prefs.jsonl line 5: the 'prompt' string is none of the user turns that "
+                                          "'chosen' and 'rejected' begin with."):
+        dpo_task(tmp_path, chat_llama, rows)
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"chosen": [{"role": "assistant", "content": " "}]}, "line 3: the 'chosen' answer is empty"),
     ({"rejected": [{"role": "assistant", "content": "same"}], "chosen": [{"role": "assistant", "content": "same"}]},

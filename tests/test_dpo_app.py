@@ -106,6 +106,21 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
         "adapter=lora, or task.reference=copy or precomputed.")
 
 
+def test_an_ultrafeedback_binarized_file_trains(prefs):
+    """UltraFeedback-binarized's layout as downloaded (a string prompt, chosen/rejected conversations that
+    repeat it, prompt_id, messages and scores): it trains, the chosen answers pulling ahead."""
+    write_jsonl(prefs / "ultrafeedback.jsonl", preference_rows(48, seed=3, form="ultrafeedback"))
+    run = prefs / "ultrafeedback"
+    run_app(*data_args(prefs), f"task.data_files.train={prefs / 'ultrafeedback.jsonl'}",
+            "task.data_files.validation=null", "task.eval_fraction=0.25", "trainer.batch_size=8",
+            "trainer.max_steps=12", "trainer.eval_every_n_steps=6", "optim.lr=3e-3", f"hydra.run.dir={run}",
+            cwd=prefs, check=True, timeout=300)
+    assert f"data: train: 48 pairs of {prefs / 'ultrafeedback.jsonl'} (conversations)" in (run / "app.log").read_text()
+    evaluations = [r for r in rows(run) if "eval/loss" in r]
+    assert len(evaluations) >= 2 and evaluations[-1]["eval/rewards/margins"] > 0
+    assert evaluations[-1]["eval/loss"] < 0.6931
+
+
 def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
     bad = preference_rows(20)
     bad[4]["rejected"] = bad[4]["chosen"]

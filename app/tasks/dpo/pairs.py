@@ -2,7 +2,9 @@
 
 A row is explicit (``prompt``, ``chosen``, ``rejected``: three strings, or three lists of messages) or
 has an implicit prompt (``chosen`` and ``rejected`` only, two whole conversations, or two strings, that
-begin alike: the prompt is what they share, the messages up to the first that differs). Each side is
+begin alike: the prompt is what they share, the messages up to the first that differs). Mixed kinds are
+made conversations (``one_kind``): a string prompt with conversations that repeat it (UltraFeedback-
+binarized) or that do not, a conversation prompt with string answers. Other columns are ignored. Each side is
 formatted as ``task=sft`` formats a prompt/completion pair (``spans.SpanFinder``: the chat template, the
 answer's assistant turns learnt with their end-of-turn token; plain strings: BOS, prompt, answer, EOS)
 and tokenized with character offsets (``tokens.tokenize``). A bad pair's refusal names its file and line
@@ -46,13 +48,15 @@ class PairFields:
 
 
 def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | Plain, Conversation | Plain]:
-    """The chosen and the rejected side of a row, each a prompt and its answer; BadRow if unusable."""
+    """The chosen and the rejected side of a row, each a prompt and its answer; BadRow if unusable.
+    Columns other than the three are not read."""
     chosen, rejected = row[fields.chosen], row[fields.rejected]
     if chosen == rejected:
         raise BadRow(f"the {fields.chosen!r} and {fields.rejected!r} answers are identical")
     prompt = row.get(fields.prompt) if fields.prompt in row else None
     if prompt is None:
         prompt, chosen, rejected = split_implicit(chosen, rejected, fields)
+    prompt, chosen, rejected = one_kind(prompt, chosen, rejected, fields)
     kinds = {type(v) for v in (prompt, chosen, rejected)}
     sides: list[Conversation | Plain]
     if kinds == {str}:
@@ -69,9 +73,42 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
                 raise BadRow(f"the {name!r} answer is empty")
         sides = [Conversation(turns + answer, len(turns)) for answer in answers]
     else:
-        raise BadRow(f"{fields.prompt!r}, {fields.chosen!r} and {fields.rejected!r} must be all strings or all lists "
-                     "of messages")
+        raise BadRow(f"{fields.prompt!r}, {fields.chosen!r} and {fields.rejected!r} must be strings or lists of "
+                     "messages")
     return sides[0], sides[1]
+
+
+def one_kind(prompt: Any, chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any, Any, Any]:
+    """A prompt and answers of mixed kinds as three lists of messages: a string prompt with conversations
+    as answers is the user turn they begin with (UltraFeedback-binarized's layout: the prompt is the
+    messages they share, which must hold it), else a user turn before them; a conversation with string
+    answers gets each as one assistant turn. Other kinds are returned as they are."""
+    if isinstance(prompt, list) and isinstance(chosen, str) and isinstance(rejected, str):
+        return prompt, [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
+    if not (isinstance(prompt, str) and isinstance(chosen, list) and isinstance(rejected, list)):
+        return prompt, chosen, rejected
+    shared = shared_turns(chosen, rejected)
+    turns = chosen[:shared]
+    said = [m.get("content") for m in turns if isinstance(m, dict) and m.get("role") == "user"]
+    if not said:
+        return [*turns, {"role": "user", "content": prompt}], chosen[shared:], rejected[shared:]
+    if not any(not isinstance(content, str) or content.strip() == prompt.strip() for content in said):
+        raise BadRow(f"the {fields.prompt!r} string is none of the user turns that {fields.chosen!r} and "
+                     f"{fields.rejected!r} begin with")
+    return turns, chosen[shared:], rejected[shared:]
+
+
+def conversational(row: dict[str, Any], prompt_field: str, chosen_field: str) -> bool:
+    """Whether a row goes through the chat template: its prompt or its chosen answer is a list of messages."""
+    return isinstance(row.get(prompt_field), list) or isinstance(row.get(chosen_field), list)
+
+
+def shared_turns(chosen: list[Any], rejected: list[Any]) -> int:
+    """How many messages two conversations begin with alike."""
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    return shared
 
 
 def _empty(chosen: str, rejected: str, fields: PairFields) -> str:
@@ -81,9 +118,7 @@ def _empty(chosen: str, rejected: str, fields: PairFields) -> str:
 def split_implicit(chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any, Any, Any]:
     """Two whole conversations (or strings) -> the prompt they share and the two answers."""
     if isinstance(chosen, list) and isinstance(rejected, list):
-        shared = 0
-        while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
-            shared += 1
+        shared = shared_turns(chosen, rejected)
         if shared == 0:
             raise BadRow(f"{fields.chosen!r} and {fields.rejected!r} share no prompt (their first messages differ), "
                          f"and there is no {fields.prompt!r} column")

@@ -32,7 +32,7 @@ from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
-from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs, pair_features
+from app.tasks.dpo.pairs import SIDES, PairFields, conversational, encode_pairs, pair_features
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream, StreamedFields
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
@@ -118,7 +118,7 @@ class DPOTask(SFTTask):
         path = Path(cfg.data_files.train).expanduser()
         evaluation, begin, first = self._stream_start(path, root)
         self._check_columns(list(first[0]), str(path))
-        if isinstance(first[0][cfg.chosen_field], list):
+        if conversational(first[0], cfg.prompt_field, cfg.chosen_field):
             self.conversational = True
             self._check_template()
         data, cut = self._tokenize(evaluation, "validation", root)
@@ -150,7 +150,7 @@ class DPOTask(SFTTask):
         splits = self._read(root / "raw")
         train = splits["train"]
         self._check_columns(train.data.column_names, train.origin)
-        if len(train.data) and isinstance(train.data[0][cfg.chosen_field], list):
+        if len(train.data) and conversational(train.data[0], cfg.prompt_field, cfg.chosen_field):
             self.conversational = True
             self._check_template()
         rows, read = {}, []
