@@ -7,9 +7,11 @@ made conversations (``one_kind``): a string prompt with conversations that repea
 binarized) or that do not, a conversation prompt with string answers. Other columns are ignored. Each side is
 formatted as ``task=sft`` formats a prompt/completion pair (``spans.SpanFinder``: the chat template, the
 answer's assistant turns learnt with their end-of-turn token; plain strings: BOS, prompt, answer, EOS)
-and tokenized with character offsets (``tokens.tokenize``). A bad pair's refusal names its file and line
-(an empty answer, a chosen answer identical to the rejected one, a prompt that fills the whole block):
-returned in an ``error`` column, as ``tokens.encode_rows`` returns a bad row's.
+and tokenized with character offsets (``tokens.tokenize``), then fitted into the block (``fit.py``: long
+prompts cut, answers cut at the block's end, or the pair dropped). A bad pair's refusal names its file
+and line (an empty answer, a chosen answer identical to the rejected one, a side longer than the block
+with ``task.overlong=refuse``): returned in an ``error`` column, as ``tokens.encode_rows`` returns a bad
+row's.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.sft.config import Overlong, TrainOn
+from app.tasks.dpo.config import DPOConfig
+from app.tasks.dpo.fit import Fitted, PairFit, fit_pair
+from app.tasks.sft.config import TrainOn
 from app.tasks.sft.conversations import BadRow, Conversation, Plain, messages
 from app.tasks.sft.spans import Formatted, SpanFinder, UnusableTemplate
 from app.tasks.sft.tokens import tokenize
@@ -26,22 +29,30 @@ from app.tasks.sft.tokens import tokenize
 if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Self
 
 SIDES = ("chosen", "rejected")
+COUNTS = ("prompt_cut", "answer_cut", "dropped")
+"""What ``fit.fit_pair`` did to each pair (1 or 0), columns of :func:`encode_pairs`, counted in the log."""
 
 
 @dataclass(frozen=True)
 class PairFields:
-    """The columns a run reads, and what it does with an answer longer than the block (picklable for
+    """The columns a run reads, how it fits a pair into the block, and the split's file (picklable for
     ``datasets.map``)."""
 
     prompt: str
     chosen: str
     rejected: str
-    block_size: int
-    overlong: Overlong
+    fit: PairFit
     origin: str
     lines: bool
+    """Rows are the lines of a JSON Lines file: messages say "line N" (else "row N")."""
+
+    @classmethod
+    def of(cls, cfg: DPOConfig, origin: str) -> Self:
+        return cls(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, PairFit.of(cfg), origin,
+                   origin.lower().endswith(".jsonl"))
 
     def where(self, index: int) -> str:
         return f"{self.origin} {'line' if self.lines else 'row'} {index + 1}"
@@ -134,8 +145,9 @@ def split_implicit(chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any,
 def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
                  fields: PairFields) -> dict[str, list]:
     """A ``datasets.map`` batch -> ``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``
-    (-100: not learnt), ``cut`` (1: an answer cut at block_size) and ``error``: why a bad pair is refused,
-    naming its line (empty for a good pair; a bad one's lists are empty). Errors are returned, not raised,
+    (-100: not learnt), fitted into the block (``fit.fit_pair``); ``prompt_cut``, ``answer_cut`` and
+    ``dropped`` (1: what was done to the pair; a dropped pair's lists are empty) and ``error``: why a bad
+    pair is refused, naming its line (empty for a good pair; a bad one's lists are empty). Errors are returned, not raised,
     as ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be
     torn down mid-work; ``tokens.first_error`` raises the first one in the main process."""
     finder = SpanFinder(tokenizer, TrainOn.assistant)
@@ -153,40 +165,20 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
                           "task.chat_template=chatml or a Jinja file.")
     encoded = iter(tokenize(tokenizer, formatted))
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
-                            "cut": [], "error": errors}
+                            **{count: [] for count in COUNTS}, "error": errors}
     for k, index in enumerate(indices):
-        sides: list[tuple[list[int], list[int]]] = [([], []), ([], [])]
-        cut = 0
+        fitted = Fitted([([], []), ([], [])])
         if not errors[k]:
             try:
-                sides, cut = fit_pair([next(encoded), next(encoded)], fields)
+                fitted = fit_pair([next(encoded), next(encoded)], fields.fit, tokenizer.bos_token_id)
             except BadRow as err:
                 errors[k] = f"{fields.where(index)}: {err}."
-                sides = [([], []), ([], [])]
-        for side, (ids, labels) in zip(SIDES, sides, strict=True):
+        for side, (ids, labels) in zip(SIDES, fitted.sides or [([], []), ([], [])], strict=True):
             out[f"{side}_ids"].append(ids)
             out[f"{side}_labels"].append(labels)
-        out["cut"].append(cut)
+        for count in COUNTS:
+            out[count].append(int(getattr(fitted, count)))
     return out
-
-
-def fit_pair(sides: list[tuple[list[int], list[int]]], fields: PairFields
-             ) -> tuple[list[tuple[list[int], list[int]]], int]:
-    """Both sides' (ids, labels) within ``task.block_size`` and whether an answer was cut; BadRow if not."""
-    fitted, cut = [], 0
-    for side, (ids, labels) in zip(SIDES, sides, strict=True):
-        prompt = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
-        if prompt >= fields.block_size:
-            raise BadRow(f"its prompt is {prompt} tokens long, leaving no room for the {side} answer in "
-                         f"task.block_size={fields.block_size}; give a larger block_size or a shorter prompt")
-        if len(ids) > fields.block_size:
-            if fields.overlong is Overlong.refuse:
-                raise BadRow(f"its {side} side is {len(ids)} tokens long, more than task.block_size="
-                             f"{fields.block_size} (task.overlong=refuse); give a larger block_size or "
-                             "task.overlong=truncate")
-            ids, labels, cut = ids[:fields.block_size], labels[:fields.block_size], 1
-        fitted.append((ids, labels))
-    return fitted, cut
 
 
 def pair_features() -> datasets.Features:
@@ -195,4 +187,4 @@ def pair_features() -> datasets.Features:
     from datasets import Features, List, Value
 
     return Features({**{f"{side}_{part}": List(Value("int64")) for side in SIDES for part in ("ids", "labels")},
-                     "cut": Value("int64"), "error": Value("string")})
+                     **{count: Value("int64") for count in COUNTS}, "error": Value("string")})

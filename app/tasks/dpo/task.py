@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
-from app.tasks.dpo.pairs import SIDES, PairFields, conversational, encode_pairs, pair_features
+from app.tasks.dpo.pairs import COUNTS, SIDES, PairFields, conversational, encode_pairs, pair_features
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream, StreamedFields
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
@@ -46,7 +47,7 @@ from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 if TYPE_CHECKING:
     import datasets
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected")
@@ -121,16 +122,14 @@ class DPOTask(SFTTask):
         if conversational(first[0], cfg.prompt_field, cfg.chosen_field):
             self.conversational = True
             self._check_template()
-        data, cut = self._tokenize(evaluation, "validation", root)
+        data, fitted = self._tokenize(evaluation, "validation", root)
         size = path.stat().st_size
         after = " after the evaluation records" if begin else ""
         self._splits_read = [
             (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
              f"{'conversations' if self.conversational else 'text'}), read while training"),
-            f"validation: {len(data):,} pairs of {evaluation.origin}"
-            + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else "")]
-        fields = StreamedFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                                str(path), True)
+            f"validation: {len(data):,} pairs of {evaluation.origin}{fitted}"]
+        fields = StreamedFields.of(cfg, str(path))
         return (PairStream(path, begin, self.tokenizer, fields),
                 data.add_column("pair", [-(k + 1) for k in range(len(data))]),
                 digest(path.name, str(size), str(begin), evaluation.fingerprint))
@@ -155,11 +154,11 @@ class DPOTask(SFTTask):
             self._check_template()
         rows, read = {}, []
         for name, split in splits.items():
-            data, cut = self._tokenize(split, name, root)
+            data, fitted = self._tokenize(split, name, root)
             rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
             read.append(f"{name}: {len(data):,} pairs of {split.origin}"
                         f" ({'conversations' if self.conversational else 'text'})"
-                        + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else ""))
+                        + fitted)
         if "validation" not in rows:
             rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
         self._splits_read = read
@@ -168,13 +167,13 @@ class DPOTask(SFTTask):
         eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
         return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
 
-    def _tokenize(self, split: Split, name: str, root: Path) -> tuple[datasets.Dataset, int]:
+    def _tokenize(self, split: Split, name: str, root: Path) -> tuple[datasets.Dataset, str]:
+        """The split's pairs (cached), the dropped ones left out, and what was cut and dropped, for the log."""
         cfg = self.cfg
-        fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                            split.origin, split.origin.lower().endswith(".jsonl"))
+        fields = PairFields.of(cfg, split.origin)
         payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
                    "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected],
-                   "block_size": cfg.block_size, "overlong": cfg.overlong.value, "data": split.fingerprint}
+                   "fit": asdict(fields.fit), "data": split.fingerprint}
         key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
         root.mkdir(parents=True, exist_ok=True)
         data = split.data.map(functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields), batched=True,
@@ -184,7 +183,24 @@ class DPOTask(SFTTask):
                               features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
                               load_from_cache_file=True)
         first_error(data)  # the first bad pair refuses the run
-        return data.remove_columns(["cut", "error"]), sum(data["cut"])
+        counts = {count: sum(data[count]) for count in COUNTS}
+        if counts["dropped"]:
+            data = data.select([i for i, dropped in enumerate(data["dropped"]) if not dropped])
+        return data.remove_columns([*COUNTS, "error"]), self._fitted(counts)
+
+    def _fitted(self, counts: dict[str, int]) -> str:
+        """``, 3 with their prompt cut (task.max_prompt_length=64, keep_end), 1 with an answer cut at
+        task.block_size=128, 2 dropped as longer than task.block_size=128``: each pair counted once in each."""
+        cfg = self.cfg
+        to = f"task.max_prompt_length={cfg.max_prompt_length}" if cfg.max_prompt_length is not None \
+            else f"to half of task.block_size={cfg.block_size}"
+        said = [f"{counts['prompt_cut']:,} with their prompt cut ({to}, {cfg.truncation_mode.value})"
+                if counts["prompt_cut"] else "",
+                f"{counts['answer_cut']:,} with an answer cut at task.block_size={cfg.block_size}"
+                if counts["answer_cut"] else "",
+                f"{counts['dropped']:,} dropped as longer than task.block_size={cfg.block_size} (task.overlong=drop)"
+                if counts["dropped"] else ""]
+        return "".join(f", {part}" for part in said if part)
 
     # -- model and steps -----------------------------------------------------------------------------------
 
