@@ -2,7 +2,8 @@
 the grammar's subject/verb rule, the rejected one breaks it) a tiny Llama learns the preference
 (``eval/rewards/accuracies`` above 0.9, monitored by early stopping), TRL's metrics are in
 ``metrics.jsonl``, the export loads; LoRA with ``task.reference=base`` trains and exports its adapter
-(merged, with the adapted policy's log-probabilities); bad pairs stop the run with one sentence (exit 2);
+(merged, with the adapted policy's log-probabilities) and ``mode=eval`` of that export evaluates it with the
+run's keys; bad pairs stop the run with one sentence (exit 2);
 with ``task.reference=precomputed`` on 2 processes, a run SIGKILLed mid-save and resumed ends with the
 uninterrupted run's weights, without running the reference pass again. The training metrics
 (``train/rewards/*``, ``train/logps/*``) are per-pair means over the logging window: hand-computed
@@ -98,6 +99,17 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
     for side in ("chosen", "rejected"):
         assert merged[side] == pytest.approx(adapted[side], abs=1e-4)
     assert max(abs(a - b) for a, b in zip(adapted["chosen"], before["chosen"], strict=True)) > 1e-2  # it learnt
+    # mode=eval of the export, with the keys the run recorded (adapter=lora, task.reference=base): its adapters
+    # on the base, as it trained, giving the metrics the export was chosen with; the same given adapter=lora again.
+    exported = json.loads((run / "model" / "export.json").read_text())["metrics"]
+    for source, again in ((run, ()), (run / "model", ("adapter=lora",))):
+        evaluation = prefs / f"lora_eval_{source.name}"
+        run_app("mode=eval", f"resume={source}", *again, f"hydra.run.dir={evaluation}", *QUIET, cwd=prefs, check=True,
+                timeout=300)
+        measured = json.loads((evaluation / "eval_metrics.json").read_text())["metrics"]
+        assert "evaluating the adapters of" in (evaluation / "app.log").read_text()
+        for name in ("eval/loss", "eval/rewards/margins", "eval/logps/chosen"):
+            assert measured[name] == pytest.approx(exported[name], rel=1e-5, abs=1e-6), name
     proc = run_app(*data_args(prefs), "task.reference=base", "trainer.max_steps=2", f"hydra.run.dir={prefs / 'no'}",
                    cwd=prefs)
     assert proc.returncode == 2
