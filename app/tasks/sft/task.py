@@ -23,7 +23,7 @@ from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.causal_lm.documents import hold_out
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.causal_lm.models import flops_per_token, load_lm_tokenizer, load_model, model_source
 from app.tasks.causal_lm.stream import READ_AHEAD
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
@@ -35,7 +35,6 @@ from app.tasks.sft.spans import SpanFinder, UnusableTemplate
 from app.tasks.sft.stream import ConversationStream, first_records
 from app.tasks.sft.templates import install_chat_template
 from app.tasks.sft.tokens import Recipe, encode_rows, first_error, tokenize_split
-from app.tasks.text.models import load_tokenizer
 from app.tasks.text.sources import Split, check_data_files, load_dataset_splits, read_file
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root
@@ -66,7 +65,7 @@ class SFTTask(CausalLMTask):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
             source = self.cfg.tokenizer or model_source(self.cfg)
-            tokenizer = load_tokenizer(source)
+            tokenizer = load_lm_tokenizer(self.cfg)
             if not tokenizer.is_fast:
                 raise ConfigError(f"the tokenizer of {source} is a slow (Python) one; task=sft needs a fast tokenizer "
                                   "(tokenizer.json), whose character offsets locate the learnt tokens.")
