@@ -167,7 +167,7 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
                             **{count: [] for count in COUNTS}, "error": errors}
     for k, index in enumerate(indices):
-        fitted = Fitted([([], []), ([], [])])
+        fitted = Fitted([])  # a bad pair: no sides
         if not errors[k]:
             try:
                 fitted = fit_pair([next(encoded), next(encoded)], fields.fit, tokenizer.bos_token_id)
