@@ -283,21 +283,47 @@ def test_a_new_models_special_tokens_are_its_tokenizers_and_the_log_says_so(read
             in (readme_run / "app.log").read_text())
 
 
-@pytest.mark.timeout(120)
-def test_a_tokenizer_without_eos_is_refused_where_documents_are_packed(tmp_path, llama):
+@pytest.mark.timeout(200)
+def test_a_tokenizer_without_eos_takes_the_models_or_is_refused_where_documents_are_packed(tmp_path, llama, caplog):
+    """A tokenizer without an EOS whose model configuration names one uses that one (every LM task: the
+    causal_lm run trains and exports it, sft's tokenizer has it), said once in the log; when the
+    configuration names none either, packing is refused in one sentence."""
     from transformers import AutoTokenizer
 
-    folder = shutil.copytree(llama, tmp_path / "no_eos")
+    from app.tasks.sft.config import SFTConfig
+    from app.tasks.sft.task import SFTTask
+
     tokenizer = AutoTokenizer.from_pretrained(llama)
+    eos = tokenizer.eos_token
     tokenizer.eos_token = None
-    tokenizer.save_pretrained(folder)
+    folders = {}
+    for name in ("config_eos", "no_eos"):
+        folders[name] = shutil.copytree(llama, tmp_path / name)
+        tokenizer.save_pretrained(folders[name])
+        assert AutoTokenizer.from_pretrained(folders[name]).eos_token is None
+    config = json.loads((folders["no_eos"] / "config.json").read_text())
+    (folders["no_eos"] / "config.json").write_text(json.dumps({**config, "eos_token_id": None}))
     write_text(tmp_path / "corpus.txt", documents(20))
-    proc = run_app("task=causal_lm", "task.config=no_eos", "task.data_files.train=corpus.txt", "hydra.run.dir=run",
+    run = tmp_path / "run"
+    run_app("task=causal_lm", "task.config=config_eos", "task.data_files.train=corpus.txt", f"hydra.run.dir={run}",
+            "task.block_size=32", "trainer.max_steps=2", *QUIET, cwd=tmp_path, timeout=100, check=True)
+    said = (f"the tokenizer of config_eos has no EOS token; the model's configuration names {eos} "
+            f"(id {config['eos_token_id']}): using it as EOS")
+    assert (run / "app.log").read_text().count(said) == 1
+    assert AutoTokenizer.from_pretrained(run / "model").eos_token == eos
+    sft = SFTConfig(config=str(folders["config_eos"]))
+    sft.data_files.train = "chat.jsonl"
+    with caplog.at_level("INFO"):
+        task = SFTTask(sft)
+        assert task.tokenizer.eos_token == eos and task.tokenizer.eos_token_id == config["eos_token_id"]
+        assert task.tokenizer is task.tokenizer
+    assert sum("using it as EOS" in record.getMessage() for record in caplog.records) == 1
+    proc = run_app("task=causal_lm", "task.config=no_eos", "task.data_files.train=corpus.txt", "hydra.run.dir=refused",
                    *QUIET, cwd=tmp_path, timeout=100)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: the tokenizer of no_eos has no EOS token, so packed documents would run into each other"), proc.stderr
-    assert not (tmp_path / "run").exists()
+    assert not (tmp_path / "refused").exists()
 
 
 def test_the_docs_config_folder_recipe_makes_a_folder_the_task_builds_from(tmp_path, llama, monkeypatch):

@@ -6,6 +6,7 @@ travel with the checkpoint state, so a resumed run does not compute them again."
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import nullcontext
 from pathlib import Path
@@ -19,6 +20,7 @@ from app.tasks.dpo.config import DPOConfig, LossType, Reference
 from app.tasks.dpo.loss import preference_losses
 from app.tasks.dpo.reference import logps_forward
 from app.tasks.dpo.task import DPOTask
+from app.tasks.sft.config import BadRows
 from tests.helpers.dpo_pairs import preference_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
 
@@ -207,18 +209,66 @@ def test_the_explicit_implicit_and_string_forms(tmp_path, chat_llama):
     assert "?" not in learnt and learnt.endswith(" .</s>") and whole.endswith(learnt)  # the answer and EOS
 
 
+@pytest.mark.parametrize("form", ["ultrafeedback", "string_prompt", "string_answers"])
+def test_mixed_layouts_give_the_explicit_conversations_pairs(tmp_path, chat_llama, form):
+    """UltraFeedback-binarized's layout (a string prompt; chosen/rejected as conversations that repeat it
+    as their user turn; prompt_id, messages and scores beside them), a string prompt with assistant-only
+    answers, and a user message with string answers: each trains on the pairs of the explicit form
+    (the prompt as one user turn, each answer as one assistant turn), the other columns unread."""
+    task, mixed, _ = dpo_task(tmp_path / form, chat_llama, preference_rows(10, form=form))
+    _, explicit, _ = dpo_task(tmp_path / "explicit", chat_llama, preference_rows(10, form="messages"))
+    assert task.conversational and len(mixed.train) == len(explicit.train) > 0
+    for key in ("chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels"):
+        assert list(mixed.train[key]) == list(explicit.train[key]) and list(mixed.eval[key]) == list(explicit.eval[key])
+
+
+def test_a_string_prompt_that_its_conversations_do_not_begin_with_is_refused(tmp_path, chat_llama):
+    rows = preference_rows(6, form="ultrafeedback")
+    rows[4]["prompt"] = "what did the dog do ?"
+    rows[4]["chosen"][0]["content"] = rows[4]["rejected"][0]["content"] = "what did the cat do ?"
+    with pytest.raises(ConfigError, match="prefs.jsonl has 1 bad row\\(s\\) of 6: line 5: the 'prompt' string is none "
+                                          "of the user turns that 'chosen' and 'rejected' begin with — "):
+        dpo_task(tmp_path, chat_llama, rows)
+
+
 @pytest.mark.parametrize(("change", "why"), [
     ({"chosen": [{"role": "assistant", "content": " "}]}, "line 3: the 'chosen' answer is empty"),
     ({"rejected": [{"role": "assistant", "content": "same"}], "chosen": [{"role": "assistant", "content": "same"}]},
      "line 3: the 'chosen' and 'rejected' answers are identical"),
-    ({"prompt": [{"role": "user", "content": "what did the cat do ? " * 40}]}, "line 3: its prompt is"),
     ({"rejected": [{"role": "user", "content": "hi"}]}, "line 3: the 'rejected' answer has no assistant turn"),
 ])
 def test_a_bad_pair_is_refused_naming_its_file_and_line(tmp_path, chat_llama, change, why):
     rows = preference_rows(6)
     rows[2] = {**rows[2], **change}
-    with pytest.raises(ConfigError, match="prefs.jsonl " + why.replace("'", "'")):
+    with pytest.raises(ConfigError, match="prefs.jsonl has 1 bad row\\(s\\) of 6: " + why + " — "):
         dpo_task(tmp_path, chat_llama, rows)
+
+
+def test_encode_pairs_returns_each_bad_pairs_refusal_and_tokenizing_processes_hand_back_the_first(tmp_path,
+                                                                                                   chat_llama):
+    """A bad pair gets its sentence in the ``error`` column and empty lists, the good ones their rows as
+    alone; with ``task.num_proc=2`` the run refuses the first bad pair (not a torn-down pool)."""
+    from app.tasks.dpo.fit import PairFit
+    from app.tasks.dpo.pairs import PairFields, encode_pairs
+    from app.tasks.sft.records import Places
+
+    rows = preference_rows(4)
+    rows[1]["rejected"] = rows[1]["chosen"]
+    rows[3]["chosen"] = [{"role": "assistant", "content": " "}]
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    task, _, _ = dpo_task(tmp_path / "ok", chat_llama, preference_rows(4))
+    fields = PairFields("prompt", "chosen", "rejected", PairFit(128), Places("f.jsonl", "line"))
+    out = encode_pairs(batch, [10, 11, 12, 13], task.tokenizer, fields)
+    assert out["error"] == ["", "f.jsonl line 12: the 'chosen' and 'rejected' answers are identical.", "",
+                            "f.jsonl line 14: the 'chosen' answer is empty."]
+    assert out["chosen_ids"][1] == out["rejected_labels"][3] == [] and out["answer_cut"] == [0, 0, 0, 0]
+    alone = encode_pairs({key: [value[2]] for key, value in batch.items()}, [12], task.tokenizer, fields)
+    assert alone["chosen_ids"][0] == out["chosen_ids"][2] and alone["rejected_labels"][0] == out["rejected_labels"][2]
+    many = preference_rows(40)
+    many[30]["rejected"] = many[30]["chosen"]
+    with pytest.raises(ConfigError, match="prefs.jsonl has 1 bad row\\(s\\) of 40: line 31: the 'chosen' and 'rejected' "
+                                          "answers are identical"):
+        dpo_task(tmp_path / "procs", chat_llama, many, num_proc=2)
 
 
 def test_options_are_checked():
@@ -280,10 +330,27 @@ def test_a_streamed_file_gives_the_map_style_pairs_named_by_offset_and_resumes_e
     assert [p["pair"] for p in again] == offsets[3 + 5:]
 
 
-def test_a_bad_streamed_pair_is_refused_naming_its_byte_offset(tmp_path, chat_llama):
+def test_a_bad_streamed_pair_is_refused_naming_its_byte_offset_or_skipped(tmp_path, chat_llama):
+    """The stream's part is scanned before training: the bad pair refuses the run naming its byte offset, or
+    with ``task.bad_rows=skip`` is left out of the stream and kept for ``skipped_rows.jsonl``."""
     rows = preference_rows(8, seed=9)
     rows[5]["rejected"] = rows[5]["chosen"]
-    _, streamed, _ = dpo_task(tmp_path, chat_llama, rows, streaming=True, eval_documents=2)
-    offset = sum(len(line) for line in (tmp_path / "prefs.jsonl").read_bytes().splitlines(keepends=True)[:5])
-    with pytest.raises(ConfigError, match=f"prefs.jsonl at byte {offset}: the 'chosen' and 'rejected' "):
-        list(streamed.train)
+    offset = sum(len(json.dumps(row)) + 1 for row in rows[:5])
+    with pytest.raises(ConfigError, match=f"prefs.jsonl has 1 bad row\\(s\\) of 6: at byte {offset}: the 'chosen' and "
+                                          "'rejected' answers are identical — "):
+        dpo_task(tmp_path / "refuse", chat_llama, rows, streaming=True, eval_documents=2)
+    task, streamed, _ = dpo_task(tmp_path / "skip", chat_llama, rows, streaming=True, eval_documents=2,
+                                 bad_rows=BadRows.skip, max_bad_fraction=0.5)
+    assert [pair["pair"] for pair in streamed.train] == [o for o in pair_offsets(rows) if o != offset][2:]
+    assert [row["byte"] for row in task.skipped_rows()] == [offset]
+
+
+def pair_offsets(rows: list[dict]) -> list[int]:
+    """Each row's line's byte offset in the JSON Lines file ``write_jsonl`` writes."""
+    offsets, at = [], 0
+    for row in rows:
+        offsets.append(at)
+        at += len(json.dumps(row)) + 1
+    return offsets
+
+

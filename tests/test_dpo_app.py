@@ -2,7 +2,8 @@
 the grammar's subject/verb rule, the rejected one breaks it) a tiny Llama learns the preference
 (``eval/rewards/accuracies`` above 0.9, monitored by early stopping), TRL's metrics are in
 ``metrics.jsonl``, the export loads; LoRA with ``task.reference=base`` trains and exports its adapter
-(merged, with the adapted policy's log-probabilities); bad pairs stop the run with one sentence (exit 2);
+(merged, with the adapted policy's log-probabilities) and ``mode=eval`` of that export evaluates it with the
+run's keys; bad pairs stop the run with one sentence (exit 2);
 with ``task.reference=precomputed`` on 2 processes, a run SIGKILLed mid-save and resumed ends with the
 uninterrupted run's weights, without running the reference pass again. The training metrics
 (``train/rewards/*``, ``train/logps/*``) are per-pair means over the logging window: hand-computed
@@ -98,12 +99,38 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
     for side in ("chosen", "rejected"):
         assert merged[side] == pytest.approx(adapted[side], abs=1e-4)
     assert max(abs(a - b) for a, b in zip(adapted["chosen"], before["chosen"], strict=True)) > 1e-2  # it learnt
+    # mode=eval of the export, with the keys the run recorded (adapter=lora, task.reference=base): its adapters
+    # on the base, as it trained, giving the metrics the export was chosen with; the same given adapter=lora again.
+    exported = json.loads((run / "model" / "export.json").read_text())["metrics"]
+    for source, again in ((run, ()), (run / "model", ("adapter=lora",))):
+        evaluation = prefs / f"lora_eval_{source.name}"
+        run_app("mode=eval", f"resume={source}", *again, f"hydra.run.dir={evaluation}", *QUIET, cwd=prefs, check=True,
+                timeout=300)
+        measured = json.loads((evaluation / "eval_metrics.json").read_text())["metrics"]
+        assert "evaluating the adapters of" in (evaluation / "app.log").read_text()
+        for name in ("eval/loss", "eval/rewards/margins", "eval/logps/chosen"):
+            assert measured[name] == pytest.approx(exported[name], rel=1e-5, abs=1e-6), name
     proc = run_app(*data_args(prefs), "task.reference=base", "trainer.max_steps=2", f"hydra.run.dir={prefs / 'no'}",
                    cwd=prefs)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: task.reference=base is the model with its LoRA adapters disabled, and this run has none: give "
         "adapter=lora, or task.reference=copy or precomputed.")
+
+
+def test_an_ultrafeedback_binarized_file_trains(prefs):
+    """UltraFeedback-binarized's layout as downloaded (a string prompt, chosen/rejected conversations that
+    repeat it, prompt_id, messages and scores): it trains, the chosen answers pulling ahead."""
+    write_jsonl(prefs / "ultrafeedback.jsonl", preference_rows(48, seed=3, form="ultrafeedback"))
+    run = prefs / "ultrafeedback"
+    run_app(*data_args(prefs), f"task.data_files.train={prefs / 'ultrafeedback.jsonl'}",
+            "task.data_files.validation=null", "task.eval_fraction=0.25", "trainer.batch_size=8",
+            "trainer.max_steps=12", "trainer.eval_every_n_steps=6", "optim.lr=3e-3", f"hydra.run.dir={run}",
+            cwd=prefs, check=True, timeout=300)
+    assert f"data: train: 48 pairs of {prefs / 'ultrafeedback.jsonl'} (conversations)" in (run / "app.log").read_text()
+    evaluations = [r for r in rows(run) if "eval/loss" in r]
+    assert len(evaluations) >= 2 and evaluations[-1]["eval/rewards/margins"] > 0
+    assert evaluations[-1]["eval/loss"] < 0.6931
 
 
 def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
@@ -114,7 +141,9 @@ def test_a_bad_pair_stops_the_run_with_one_sentence(prefs):
                    f"hydra.run.dir={prefs / 'bad'}", cwd=prefs)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: {prefs / 'bad.jsonl'} line 5: the 'chosen' and 'rejected' answers are identical.")
+        f"error: {prefs / 'bad.jsonl'} has 1 bad row(s) of 20: line 5: the 'chosen' and 'rejected' answers are "
+        "identical — fix them, or train on the others with task.bad_rows=skip (each then written to "
+        "<run>/skipped_rows.jsonl).")
 
 
 @pytest.mark.signals

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from app.tasks.dpo.config import LossType
+from app.tasks.dpo.fit import PairFit
 from app.tasks.dpo.loss import answer_logps, preference_losses
 from app.tasks.dpo.pairs import PairFields, encode_pairs
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, logps_forward
 from app.tasks.dpo.task import PairCollator
-from app.tasks.sft.config import Overlong
 from app.tasks.sft.records import Places
 from tests.helpers.dpo_pairs import preference_rows
 from tests.helpers.tiny_chat import make_tokenizer
@@ -45,7 +45,7 @@ def tiny_model(tokenizer, seed: int):
 
 
 def ours(tokenizer, rows, policy, reference) -> tuple[float, dict[str, float]]:
-    fields = PairFields("prompt", "chosen", "rejected", 1024, Overlong.truncate, Places("prefs.jsonl", "line"))
+    fields = PairFields("prompt", "chosen", "rejected", PairFit(1024), Places("prefs.jsonl", "line"))
     columns = {key: [row[key] for row in rows] for key in rows[0]}
     encoded = encode_pairs(columns, list(range(len(rows))), tokenizer, fields)
     pairs = [{**{k: encoded[k][i] for k in encoded}, "pair": i} for i in range(len(rows))]

@@ -145,11 +145,13 @@ def describe(model: nn.Module) -> str:
             f"dropout={config.lora_dropout:g}) on {targets}")
 
 
-def saved_adapter(folder: Path) -> Path | None:
-    """An export's adapter folder when the export holds no merged weights of its own (``adapter.
-    merge_on_export=false``): what mode=eval then loads onto the task's model."""
+def saved_adapter(folder: Path, adapted: bool) -> Path | None:
+    """The adapter folder mode=eval puts on the task's model, if any: the export's ``adapter/`` when the
+    run's config has adapters (``adapted``: the model is then as in training, so what the task does with
+    them works — task=dpo's ``reference=base`` disables them), or when the export holds no merged
+    weights of its own (``adapter.merge_on_export=false``). Its merged weights predict alike."""
     adapter = adapter_dir(folder)
-    return adapter if (adapter / ADAPTER_CONFIG_FILE).is_file() and not has_model_weights(folder) else None
+    return adapter if (adapter / ADAPTER_CONFIG_FILE).is_file() and (adapted or not has_model_weights(folder)) else None
 
 
 def export_adapter(task: Task, cfg: LoraAdapterConfig, trained: dict[str, torch.Tensor], folder: Path,

@@ -39,11 +39,15 @@ def evaluate_saved(cfg: RunConfig, run_dir: Path) -> float:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         if is_model_folder(source):
-            # An export holds the weights that were evaluated (the average, with trainer.ema_decay): the
-            # merged weights of LoRA adapters are a plain model; without them, its adapter/ goes on the
-            # task's model.
-            adapter = saved_adapter(source)
-            if adapter is None and cfg.adapter.kind is not AdapterKind.none:
+            # An export holds the weights that were evaluated (the average, with trainer.ema_decay). A run
+            # with adapters (its recorded adapter=lora) is evaluated as it trained: its adapter/ on the
+            # task's model, so the task's keys that need them (task=dpo's reference=base) hold; its merged
+            # weights predict alike. Without adapters in the config, merged weights are a plain model.
+            adapted = cfg.adapter.kind is not AdapterKind.none
+            adapter = saved_adapter(source, adapted)
+            if adapter is not None:
+                log.info("evaluating the adapters of %s on the task's model", adapter)
+            elif adapted:
                 log.info("%s holds the adapters merged into its weights: evaluating them as the plain model", source)
                 cfg = dataclasses.replace(cfg, adapter=AdapterConfig())
             components = build_components(cfg, accelerator, saved_adapter=adapter)

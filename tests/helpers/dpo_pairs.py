@@ -5,6 +5,7 @@ Seeded, nothing downloaded; the tiny Llama and its tokenizer come from ``tests/h
 
 from __future__ import annotations
 
+import hashlib
 import random
 
 from tests.helpers.tiny_llama import OBJECTS, SUBJECTS, TAILS, VERBS
@@ -18,8 +19,12 @@ def pair(rng: random.Random) -> tuple[str, str, str]:
 
 
 def preference_rows(n: int, seed: int = 0, form: str = "messages") -> list[dict]:
-    """``form``: messages (explicit prompt, message lists), text (three strings) or implicit (whole
-    conversations, chosen and rejected sharing the user turn)."""
+    """``form``: messages (explicit prompt, message lists), text (three strings), implicit (whole
+    conversations, chosen and rejected sharing the user turn), ultrafeedback (the layout of
+    UltraFeedback-binarized: a string prompt, whole conversations that repeat it as their user turn, and
+    columns task=dpo does not read: prompt_id, messages, score_chosen, score_rejected), string_prompt (a
+    string prompt, answers as one assistant message each) or string_answers (a user message, answers as
+    strings)."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
@@ -27,6 +32,16 @@ def preference_rows(n: int, seed: int = 0, form: str = "messages") -> list[dict]
         user = [{"role": "user", "content": question}]
         if form == "text":
             rows.append({"prompt": question + " ", "chosen": good, "rejected": bad})
+        elif form == "ultrafeedback":
+            chosen = [{"content": question, "role": "user"}, {"content": good, "role": "assistant"}]
+            rows.append({"prompt": question, "prompt_id": hashlib.sha256(question.encode()).hexdigest(),
+                         "chosen": chosen, "rejected": [chosen[0], {"content": bad, "role": "assistant"}],
+                         "messages": chosen, "score_chosen": 8.5, "score_rejected": float(len(rows) % 7)})
+        elif form == "string_prompt":
+            rows.append({"prompt": question, "chosen": [{"role": "assistant", "content": good}],
+                         "rejected": [{"role": "assistant", "content": bad}]})
+        elif form == "string_answers":
+            rows.append({"prompt": user, "chosen": good, "rejected": bad})
         elif form == "implicit":
             rows.append({"chosen": [*user, {"role": "assistant", "content": good}],
                          "rejected": [*user, {"role": "assistant", "content": bad}]})

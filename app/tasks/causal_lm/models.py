@@ -15,7 +15,7 @@ from torch import nn
 from app.config import ConfigError
 from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.text.hub import hub_access
-from app.tasks.text.models import check_config_json
+from app.tasks.text.models import check_config_json, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -28,6 +28,36 @@ def model_source(cfg: CausalLMConfig) -> str:
     source = cfg.model if cfg.model is not None else cfg.config
     assert source is not None  # the schema's check: one of the two is given
     return source
+
+
+def load_lm_tokenizer(cfg: CausalLMConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer of every language-model task (``task.tokenizer``, else the model's). One without an
+    EOS token gets the one the model's configuration names (``eos_token_id``), said once in the log:
+    documents end with EOS, packing separates them with it and generation stops at it, so the model's
+    own end token is the one to use, rather than none."""
+    source = cfg.tokenizer or model_source(cfg)
+    tokenizer = load_tokenizer(source)
+    if tokenizer.eos_token_id is None:
+        eos_of_the_model(tokenizer, cfg, source)
+    return tokenizer
+
+
+def eos_of_the_model(tokenizer: PreTrainedTokenizerBase, cfg: CausalLMConfig, source: str) -> None:
+    """Set the tokenizer's EOS to the token the model's configuration names, when it names one the
+    tokenizer has (a list: its first). A model type's defaults (``task.config=llama``) name no model's token."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model = model_source(cfg)
+    if cfg.model is None and not Path(model).expanduser().exists() and model in CONFIG_MAPPING:
+        return
+    named = build_config(cfg).eos_token_id
+    eos = named[0] if isinstance(named, (list, tuple)) and named else named
+    if not isinstance(eos, int) or not 0 <= eos < len(tokenizer):
+        return
+    token = tokenizer.convert_ids_to_tokens(eos)
+    tokenizer.eos_token = token
+    log.info("the tokenizer of %s has no EOS token; the model's configuration names %s (id %d): using it as EOS",
+             source, token, eos)
 
 
 def build_config(cfg: CausalLMConfig) -> PretrainedConfig:

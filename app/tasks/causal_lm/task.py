@@ -25,9 +25,8 @@ from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.batches import IGNORE_INDEX, LMCollator
 from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.causal_lm.documents import encode_documents, hold_out, load_documents, tokenize_split
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.causal_lm.models import flops_per_token, load_lm_tokenizer, load_model, model_source
 from app.tasks.causal_lm.stream import LineReader, LineStream, first_documents
-from app.tasks.text.models import load_tokenizer
 from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root
@@ -52,7 +51,7 @@ class CausalLMTask:
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.cfg.tokenizer or model_source(self.cfg))
+            self._tokenizer = load_lm_tokenizer(self.cfg)
         return self._tokenizer
 
     # -- data ----------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from app.config import ConfigError
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn, TruncationMode
 
 
 class LossType(str, enum.Enum):
@@ -50,6 +50,16 @@ class DPOConfig(SFTConfig):
     reference: Reference = Reference.copy
     reference_batch_size: int = 8
     """Pairs per forward pass of ``task.reference=precomputed``'s pass."""
+    overlong: Overlong = Overlong.truncate
+    """A pair with a side longer than ``task.block_size`` tokens: ``truncate`` cuts its prompt (to
+    ``task.max_prompt_length``, or when null to half the block) and then its answers at the block's end;
+    ``drop`` leaves it out (counted in the log); ``refuse`` stops, naming its file and line."""
+    max_prompt_length: int | None = None
+    """Cut every prompt (the tokens before the answer) to this many tokens, both sides alike; null: only
+    a side longer than the block has its prompt cut (``task.overlong=truncate``)."""
+    truncation_mode: TruncationMode = TruncationMode.keep_end
+    """Which of a cut prompt's tokens stay: ``keep_end`` its last (the question nearest the answer),
+    ``keep_start`` its first; a leading BOS stays either way."""
 
     def check(self) -> None:
         super().check()
@@ -67,6 +77,6 @@ class DPOConfig(SFTConfig):
         if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
             raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
                               "and task.train_on at their defaults.")
-        if self.overlong is Overlong.drop:
-            raise ConfigError("task=dpo cuts an answer longer than the block (task.overlong=truncate) or refuses it "
-                              "(refuse); drop is not supported.")
+        if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.block_size:
+            raise ConfigError(f"task.max_prompt_length must be at least 1 and less than task.block_size="
+                              f"{self.block_size} (room for the answer), got {self.max_prompt_length}.")

@@ -1,7 +1,8 @@
 """``task.streaming=true`` for ``task=dpo``: the training JSON Lines file read line by line while training
 (never loaded whole), each process its own byte range (``causal_lm/stream.py``'s ``LineStream``: the
 parts, the seeking, the checks on resume), each record made into a pair as the map-style rows are
-(``pairs.encode_pairs``), a bad pair refused naming its byte offset.
+(``pairs.encode_pairs``: cut to fit, or left out with ``task.overlong=drop``), a bad pair refused naming
+its byte offset.
 
 A streamed pair is named by the byte offset of its line (``pair``): the key of its row in
 ``task.reference=precomputed``'s table (``reference.Precomputed``), which a stream that seeks can find
@@ -35,7 +36,8 @@ class PairStream(LineStream):
     line's byte offset) read from ``path`` from byte ``begin``: an ``app.distributed.data.stream.ShardedStream``."""
 
     def __init__(self, path: Path, begin: int, tokenizer: PreTrainedTokenizerBase, fields: PairFields):
-        super().__init__(path, begin, LineReader(path, None), lambda texts: [], fields.block_size, False)
+        super().__init__(path, begin, LineReader(path, None), lambda texts: [], fields.fit.block_size, False)
+        self.fields = fields
         self.encode_pairs = functools.partial(encode_pairs, tokenizer=tokenizer, fields=fields)
 
     def state_dict(self) -> dict[str, Any]:
@@ -57,5 +59,8 @@ class PairStream(LineStream):
         return records_read(self.path, self.end, self._state, self._pairs)
 
     def _pairs(self, texts: list[str], offsets: list[int]) -> list[dict[str, Any]]:
+        """The records' pairs; bad ones (found and judged before training: ``SFTTask._check_stream``) and dropped
+        ones left out."""
         out = self.encode_pairs({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
-        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))]
+        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))
+                if not out["dropped"][k] and not out["error"][k]]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,10 +33,19 @@ from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
-from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.dpo.pairs import (
+    COUNTS,
+    SIDES,
+    PairFields,
+    bad_pairs,
+    conversational,
+    encode_pairs,
+    pair_features,
+)
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
+from app.tasks.sft.bad_rows import skipped_of
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.records import Places, sample_records
 from app.tasks.sft.task import SFTTask
@@ -46,7 +56,7 @@ from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 if TYPE_CHECKING:
     import datasets
 
-CACHE_VERSION = 1
+CACHE_VERSION = 3
 """Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected")
@@ -94,6 +104,8 @@ class DPOTask(SFTTask):
         self._explicit_mask = runtime.static_shapes
         collate = PairCollator(pad, self.cfg.block_size if runtime.static_shapes else None)
         stream = train if isinstance(train, PairStream) else None
+        if stream is not None:
+            self._check_stream(runtime, stream, functools.partial(bad_pairs, tokenizer=tokenizer, fields=stream.fields))
         if self.cfg.reference is Reference.precomputed:  # its pass runs pair by pair, packed or not
             self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
                                          self.cfg.reference_batch_size, runtime, stream)
@@ -118,19 +130,17 @@ class DPOTask(SFTTask):
         path = Path(cfg.data_files.train).expanduser()
         (evaluation, places), begin, sample = self._stream_start(path, root)
         self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), str(path))
-        if isinstance(sample[0].get(cfg.chosen_field), list):
+        if conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
             self.conversational = True
             self._check_template()
-        data, cut = self._tokenize(evaluation, places, "validation", root)
+        data, fitted = self._tokenize(evaluation, places, "validation", root)
         size = path.stat().st_size
         after = " after the evaluation records" if begin else ""
         self._splits_read = [
             (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
              f"{'conversations' if self.conversational else 'text'}), read while training"),
-            f"validation: {len(data):,} pairs of {evaluation.origin}"
-            + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else "")]
-        fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                            Places(str(path), "byte"))
+            f"validation: {len(data):,} pairs of {evaluation.origin}{fitted}"]
+        fields = PairFields.of(cfg, Places(str(path), "byte"))
         return (PairStream(path, begin, self.tokenizer, fields),
                 data.add_column("pair", [-(k + 1) for k in range(len(data))]),
                 digest(path.name, str(size), str(begin), evaluation.fingerprint))
@@ -151,16 +161,16 @@ class DPOTask(SFTTask):
         train, _ = splits["train"]
         sample = sample_records(train.data)
         self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), train.origin)
-        if sample and isinstance(sample[0].get(cfg.chosen_field), list):
+        if sample and conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
             self.conversational = True
             self._check_template()
         rows, read = {}, []
         for name, (split, places) in splits.items():
-            data, cut = self._tokenize(split, places, name, root)
+            data, fitted = self._tokenize(split, places, name, root)
             rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
             read.append(f"{name}: {len(data):,} pairs of {split.origin}"
                         f" ({'conversations' if self.conversational else 'text'})"
-                        + (f", {cut:,} with an answer cut at task.block_size={cfg.block_size}" if cut else ""))
+                        + fitted)
         if "validation" not in rows:
             rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
         self._splits_read = read
@@ -169,21 +179,44 @@ class DPOTask(SFTTask):
         eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
         return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
 
-    def _tokenize(self, split: Split, places: Places, name: str, root: Path) -> tuple[datasets.Dataset, int]:
+    def _tokenize(self, split: Split, places: Places, name: str, root: Path) -> tuple[datasets.Dataset, str]:
+        """The split's pairs (cached), its bad ones judged (``task.bad_rows``) and the dropped ones left out, and
+        what was skipped, cut and dropped, for the log."""
         cfg = self.cfg
-        fields = PairFields(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, cfg.block_size, cfg.overlong,
-                            places)
+        fields = PairFields.of(cfg, places)
         payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
                    "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected],
-                   "block_size": cfg.block_size, "overlong": cfg.overlong.value, "data": split.fingerprint}
+                   "fit": asdict(fields.fit), "data": split.fingerprint}
         key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
         root.mkdir(parents=True, exist_ok=True)
         data = split.data.map(functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields), batched=True,
                               with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
                               num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
                               desc=f"Tokenizing {cfg.name} {name}",
-                              cache_file_name=str(root / f"dpo-{name}-{key}.arrow"), load_from_cache_file=True)
-        return data.remove_columns("cut"), sum(data["cut"])
+                              features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
+                              load_from_cache_file=True)
+        bad = skipped_of(data, places)
+        self._judge(bad, len(data), places.origin)
+        counts = {count: sum(data[count]) for count in COUNTS}
+        if counts["dropped"] or bad:
+            data = data.select([i for i, (dropped, error) in enumerate(zip(data["dropped"], data["error"], strict=True))
+                                if not dropped and not error])
+        skipped = f", {len(bad):,} bad row(s) skipped (skipped_rows.jsonl)" if bad else ""
+        return data.remove_columns([*COUNTS, "error", "place", "raw"]), skipped + self._fitted(counts)
+
+    def _fitted(self, counts: dict[str, int]) -> str:
+        """``, 3 with their prompt cut (task.max_prompt_length=64, keep_end), 1 with an answer cut at
+        task.block_size=128, 2 dropped as longer than task.block_size=128``: each pair counted once in each."""
+        cfg = self.cfg
+        to = f"task.max_prompt_length={cfg.max_prompt_length}" if cfg.max_prompt_length is not None \
+            else f"to half of task.block_size={cfg.block_size}"
+        said = [f"{counts['prompt_cut']:,} with their prompt cut ({to}, {cfg.truncation_mode.value})"
+                if counts["prompt_cut"] else "",
+                f"{counts['answer_cut']:,} with an answer cut at task.block_size={cfg.block_size}"
+                if counts["answer_cut"] else "",
+                f"{counts['dropped']:,} dropped as longer than task.block_size={cfg.block_size} (task.overlong=drop)"
+                if counts["dropped"] else ""]
+        return "".join(f", {part}" for part in said if part)
 
     # -- model and steps -----------------------------------------------------------------------------------
 

@@ -11,8 +11,12 @@ written to ``<run>/skipped_rows.jsonl`` (file, place, reason, the row as it came
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from app.config import ConfigError
+
+if TYPE_CHECKING:
+    from app.tasks.sft.records import Places
 
 NAMED = 3
 """The bad rows a refusal names (it counts them all)."""
@@ -56,6 +60,13 @@ def _clause(bad: Skipped) -> str:
     for prefix in (f"{bad.origin} ", f"{bad.origin}, "):
         reason = reason.removeprefix(prefix)
     return reason
+
+
+def skipped_of(encoded: Any, places: Places) -> list[Skipped]:
+    """The bad rows of encoded rows (a ``datasets.map`` output or one batch's columns: ``place``, ``error``,
+    ``raw``)."""
+    return [Skipped(places.origin, places.unit, place, reason, raw)
+            for place, reason, raw in zip(encoded["place"], encoded["error"], encoded["raw"], strict=True) if reason]
 
 
 def as_records(bad: list[Skipped]) -> list[dict[str, object]]:

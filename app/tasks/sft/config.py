@@ -52,6 +52,15 @@ class Overlong(str, enum.Enum):
     """Stop before training, naming the file and line."""
 
 
+class TruncationMode(str, enum.Enum):
+    """Which tokens of a prompt longer than ``task.max_prompt_length`` stay (``truncation.cut_prompt``)."""
+
+    keep_end = "keep_end"
+    """Its last tokens: the question nearest the answer (a long system prompt or early turns go first)."""
+    keep_start = "keep_start"
+    """Its first tokens."""
+
+
 @dataclass
 class SFTConfig(CausalLMConfig):
     """Instruction tuning of an ``AutoModelForCausalLM`` on conversations or prompt/completion pairs."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,8 @@ from torch import nn
 from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
-from app.tasks.causal_lm.stream import READ_AHEAD
+from app.tasks.causal_lm.models import flops_per_token, load_lm_tokenizer, load_model, model_source
+from app.tasks.causal_lm.stream import READ_AHEAD, LineStream
 from app.tasks.causal_lm.task import CausalLMTask, token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.bad_rows import Skipped, as_records, from_records, judge
@@ -43,7 +44,6 @@ from app.tasks.sft.tokens import (
     sources,
     tokenize_split,
 )
-from app.tasks.text.models import load_tokenizer
 from app.tasks.text.sources import Split, check_data_files, load_dataset_splits
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root
@@ -80,7 +80,7 @@ class SFTTask(CausalLMTask):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
             source = self.cfg.tokenizer or model_source(self.cfg)
-            tokenizer = load_tokenizer(source)
+            tokenizer = load_lm_tokenizer(self.cfg)
             if not tokenizer.is_fast:
                 raise ConfigError(f"the tokenizer of {source} is a slow (Python) one; task=sft needs a fast tokenizer "
                                   "(tokenizer.json), whose character offsets locate the learnt tokens.")
@@ -99,7 +99,9 @@ class SFTTask(CausalLMTask):
             datasets.disable_progress_bars()
         train, evaluation = run_main_first(runtime, self._streamed if self.cfg.streaming else self._prepare)
         if isinstance(train, ConversationStream):
-            self._check_stream(runtime, train)
+            assert self._stream_recipe is not None  # _streamed made it
+            self._check_stream(runtime, train, functools.partial(bad_records, tokenizer=self.tokenizer,
+                                                                 recipe=self._stream_recipe))
         tokenizer = self.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._explicit_mask = runtime.static_shapes
@@ -202,11 +204,11 @@ class SFTTask(CausalLMTask):
             return stream, packed_eval
         return stream, eval_rows
 
-    def _check_stream(self, runtime: TaskRuntime, stream: ConversationStream) -> None:
-        """A streamed file's bad rows, found before training (each process reads its part of the file once),
-        judged as a map-style file's (``task.bad_rows``); the stream then leaves them out as it meets them."""
-        assert self._stream_recipe is not None  # _streamed made it
-        check = functools.partial(bad_records, tokenizer=self.tokenizer, recipe=self._stream_recipe)
+    def _check_stream(self, runtime: TaskRuntime, stream: LineStream,
+                      check: Callable[[list[str], list[int]], list[Skipped]]) -> None:
+        """A streamed file's bad rows (``check``: a read-ahead's records -> the bad ones), found before training
+        (each process reads its part of the file once), judged as a map-style file's (``task.bad_rows``); the
+        stream then leaves them out as it meets them."""
         read, bad = scan(stream, runtime.process_index, runtime.num_processes, check)
         parts = runtime.gather_object([(read, as_records(bad))])
         read = sum(n for n, _ in parts)

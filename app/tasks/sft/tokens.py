@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.sft.bad_rows import Skipped
+from app.tasks.sft.bad_rows import Skipped, skipped_of
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 from app.tasks.sft.conversations import BadRow, Fields, read_row
 from app.tasks.sft.records import PLACE, RECORD, Places, batch_rows, raw_text, row_record
@@ -193,8 +193,7 @@ class Tokenized:
 def summarise(rows: Any, places: Places, overlong: Overlong) -> Tokenized:
     """What :func:`encode_rows` made of a split: the good rows with something learnt, the counts, the bad rows."""
     error, learnt, cut, own, source = (rows[c] for c in ("error", "learnt", "cut", "own_row", "source"))
-    bad = [Skipped(places.origin, places.unit, place, reason, raw)
-           for place, reason, raw in zip(rows["place"], error, rows["raw"], strict=True) if reason]
+    bad = skipped_of(rows, places)
     by_source: dict[int, list[int]] = {}
     for i, s in enumerate(source):
         if not error[i]:
@@ -247,10 +246,8 @@ def encode_texts(texts: list[str], offsets: list[int], tokenizer: PreTrainedToke
 def bad_records(texts: list[str], offsets: list[int], tokenizer: PreTrainedTokenizerBase,
                 recipe: Recipe) -> list[Skipped]:
     """The bad rows among a stream's records, as the map-style split's are found."""
-    out = encode_rows({RECORD: texts, PLACE: offsets}, list(range(len(texts))), tokenizer, recipe)
-    places = recipe.places
-    return [Skipped(places.origin, places.unit, place, reason, raw)
-            for place, reason, raw in zip(out["place"], out["error"], out["raw"], strict=True) if reason]
+    return skipped_of(encode_rows({RECORD: texts, PLACE: offsets}, list(range(len(texts))), tokenizer, recipe),
+                      recipe.places)
 
 
 def sources(rows: Any) -> int:
