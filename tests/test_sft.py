@@ -18,7 +18,7 @@ from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.causal_lm.task import token_losses
 from app.tasks.sft.attention import check_isolation, model_inputs
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn, TruncationMode
 from app.tasks.sft.conversations import Fields
 from app.tasks.sft.packing import PackedRows, SFTCollator, best_fit_decreasing
 from app.tasks.sft.records import Places
@@ -403,3 +403,33 @@ def test_without_transformers_compiler_the_render_falls_back_to_apply_chat_templ
     monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: calls.append(1) or apply(*a, **k))
     assert fast(chat, False) == expected and not calls
     assert fallback(chat, False) == expected and calls == [1]
+
+
+@pytest.mark.parametrize("mode", list(TruncationMode))
+def test_a_long_prompt_is_cut_to_max_prompt_length_keeping_its_bos_and_the_completion(mode):
+    """Prompt/completion data: the prompt (tokens before the completion) is cut to task.max_prompt_length
+    before the row meets the block, from the start (keep_end: the question nearest the answer stays) or the end;
+    the completion and its EOS are whole; conversations (the same pair as messages) alike."""
+    tokenizer = make_tokenizer()
+    question = "what did the cat do ? " * 30 + "and the dog ?"
+    rows = [{"prompt": question, "completion": " a dog found a tiny seed ."}]
+    r = Recipe(DataFormat.prompt_completion, FIELDS, TrainOn.completion, 64, Overlong.truncate,
+               Places("chat.jsonl", "line"), max_prompt_length=16, truncation_mode=mode)
+    whole = encode(tokenizer, rows, recipe(DataFormat.prompt_completion, TrainOn.completion))
+    out = encode(tokenizer, rows, r)
+    ids, labels = out["input_ids"][0], out["labels"][0]
+    prompt = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    assert prompt == 16 and ids[0] == tokenizer.bos_token_id and out["prompt_cut"] == [1] and out["cut"] == [0]
+    whole_ids = whole["input_ids"][0]
+    whole_prompt = next(i for i, label in enumerate(whole["labels"][0]) if label != IGNORE_INDEX)
+    kept = whole_ids[whole_prompt - 15:whole_prompt] if mode is TruncationMode.keep_end else whole_ids[1:16]
+    assert ids[1:16] == kept and ids[16:] == whole_ids[whole_prompt:]
+    assert learnt_runs(tokenizer, labels) == [" a dog found a tiny seed .</s>"]
+    chats = [{"prompt": [{"role": "user", "content": question}],
+              "completion": [{"role": "assistant", "content": "a dog found a tiny seed ."}]}]
+    conversation = encode(tokenizer, chats, r)
+    assert conversation["prompt_cut"] == [1] and learnt_runs(tokenizer, conversation["labels"][0]) == \
+        ["a dog found a tiny seed .<|im_end|>"]
+    with pytest.raises(ConfigError, match="task.max_prompt_length cuts the prompt of prompt/completion data"):
+        SFTConfig(config="llama", data_files=SFTConfig().data_files.__class__(train="a.jsonl"),
+                  format=DataFormat.messages, max_prompt_length=16).check()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from app.config import ConfigError
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn, TruncationMode
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 
 
 class LossType(str, enum.Enum):
@@ -57,9 +57,6 @@ class DPOConfig(SFTConfig):
     max_prompt_length: int | None = None
     """Cut every prompt (the tokens before the answer) to this many tokens, both sides alike; null: only
     a side longer than the block has its prompt cut (``task.overlong=truncate``)."""
-    truncation_mode: TruncationMode = TruncationMode.keep_end
-    """Which of a cut prompt's tokens stay: ``keep_end`` its last (the question nearest the answer),
-    ``keep_start`` its first; a leading BOS stays either way."""
 
     def check(self) -> None:
         super().check()
@@ -77,6 +74,3 @@ class DPOConfig(SFTConfig):
         if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
             raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
                               "and task.train_on at their defaults.")
-        if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.block_size:
-            raise ConfigError(f"task.max_prompt_length must be at least 1 and less than task.block_size="
-                              f"{self.block_size} (room for the answer), got {self.max_prompt_length}.")

@@ -82,6 +82,12 @@ class SFTConfig(CausalLMConfig):
     train_on: TrainOn = TrainOn.assistant
     overlong: Overlong = Overlong.truncate
     """A conversation longer than ``task.block_size`` tokens."""
+    max_prompt_length: int | None = None
+    """Prompt/completion data: cut every prompt (the tokens before the completion) to this many tokens (before
+    ``task.overlong`` looks at the row), so a long prompt leaves the completion room; null: prompts are not cut."""
+    truncation_mode: TruncationMode = TruncationMode.keep_end
+    """Which of a cut prompt's tokens stay: ``keep_end`` its last (the question nearest the answer),
+    ``keep_start`` its first; a leading BOS stays either way."""
     bad_rows: BadRows = BadRows.refuse
     """A row that cannot be trained on (malformed JSON, a message without a role, a template that cannot render
     it...): ``refuse`` reads every file first and stops, counting every bad row and naming the first few;
@@ -102,6 +108,12 @@ class SFTConfig(CausalLMConfig):
 
     def check(self) -> None:
         super().check()
+        if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.block_size:
+            raise ConfigError(f"task.max_prompt_length must be at least 1 and less than task.block_size="
+                              f"{self.block_size} (room for the answer), got {self.max_prompt_length}.")
+        if self.max_prompt_length is not None and self.format in (DataFormat.messages, DataFormat.text):
+            raise ConfigError(f"task.max_prompt_length cuts the prompt of prompt/completion data, and task.format="
+                              f"{self.format.value}; leave it null.")
         if not 0.0 <= self.max_bad_fraction < 1.0:
             raise ConfigError(f"task.max_bad_fraction must be in [0, 1), got {self.max_bad_fraction}.")
         if self.num_proc < 1:

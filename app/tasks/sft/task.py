@@ -168,6 +168,9 @@ class SFTTask(CausalLMTask):
             self.data_format = self.fields.detect(columns, self.cfg.format, origin)
         except BadRow as err:
             raise ConfigError(f"{err}") from None
+        if self.cfg.max_prompt_length is not None and self.data_format is not DataFormat.prompt_completion:
+            raise ConfigError(f"task.max_prompt_length cuts the prompt of prompt/completion data, and {origin} holds "
+                              f"{self.data_format.value} data; leave it null.")
         conversational = self.data_format is DataFormat.messages or (
             self.data_format is DataFormat.prompt_completion and sample
             and any(isinstance(sample[0].get(f), list) for f in (self.fields.prompt, self.fields.completion)))
@@ -280,6 +283,8 @@ class SFTTask(CausalLMTask):
                 DataFormat.text: "texts"}[self.data_format]
         text = f"{name}: {t.kept:,} {kind} of {t.origin} (learnt: {cfg.train_on.value})"
         for count, what in ((len(t.bad), "bad row(s) skipped (skipped_rows.jsonl)"),
+                            (t.prompt_cut, (f"with their prompt cut to task.max_prompt_length={cfg.max_prompt_length} "
+                                           f"({cfg.truncation_mode.value})")),
                             (t.dropped, "dropped with nothing to learn"),
                             (t.too_long, f"dropped as longer than task.block_size={cfg.block_size}"),
                             (t.cut, f"cut at task.block_size={cfg.block_size}")):

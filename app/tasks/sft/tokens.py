@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.sft.bad_rows import Skipped, skipped_of
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn, TruncationMode
 from app.tasks.sft.conversations import BadRow, Fields, read_row
 from app.tasks.sft.records import PLACE, RECORD, Places, batch_rows, raw_text, row_record
 from app.tasks.sft.render import Ranges
 from app.tasks.sft.spans import Formatted, SpanFinder, TemplateTraits, UnusableTemplate
+from app.tasks.sft.truncation import cut_prompt
 from app.tasks.text.sources import Split
 from app.tasks.text.task import digest
 from app.tasks.text.tokenization import tokenizer_fingerprint
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedTokenizerBase
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 """Part of the cache key: bump it when ``encode_rows`` changes what it produces."""
 KEPT_COLUMNS = ("input_ids", "labels", "source")
 
@@ -51,11 +52,14 @@ class Recipe:
     """How the split's rows are named in messages (its file, and line, row or byte)."""
     traits: TemplateTraits | None = None
     """The chat template's end-of-turn token and generation prompt (``SpanFinder.probe``), found once."""
+    max_prompt_length: int | None = None
+    truncation_mode: TruncationMode = TruncationMode.keep_end
 
     @classmethod
     def of(cls, cfg: SFTConfig, data_format: DataFormat, fields: Fields, places: Places,
            traits: TemplateTraits | None) -> Recipe:
-        return cls(data_format, fields, cfg.train_on, cfg.block_size, cfg.overlong, places, traits)
+        return cls(data_format, fields, cfg.train_on, cfg.block_size, cfg.overlong, places, traits,
+                   cfg.max_prompt_length, cfg.truncation_mode)
 
     def key(self) -> dict[str, Any]:
         """The recipe as part of a cache key (the file's name left out: its contents are keyed)."""
@@ -92,7 +96,8 @@ def learnt_labels(ids: list[int], offsets: list[tuple[int, int]], ranges: Ranges
     return [t if before[end] > before[begin] else IGNORE_INDEX for t, (begin, end) in zip(ids, offsets, strict=True)]
 
 
-COLUMNS = ("input_ids", "labels", "learnt", "cut", "own_row", "disagreements", "source", "place", "error", "raw")
+COLUMNS = ("input_ids", "labels", "learnt", "cut", "prompt_cut", "own_row", "disagreements", "source", "place", "error",
+           "raw")
 
 
 def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTrainedTokenizerBase,
@@ -111,10 +116,11 @@ def encode_rows(batch: dict[str, list], indices: list[int], tokenizer: PreTraine
                                               zip(rows, places, strict=True)]
     encoded = iter(tokenize(tokenizer, [f for group in formatted if not isinstance(group, str) for f in group]))
     for index, row, place, group in zip(indices, rows, places, formatted, strict=True):
-        made = group if isinstance(group, str) else _rows(group, [next(encoded) for _ in group], place, recipe)
+        made = group if isinstance(group, str) else _rows(group, [next(encoded) for _ in group], place, recipe,
+                                                          tokenizer.bos_token_id)
         if isinstance(made, str):  # refused: one row saying why
-            made = [{"input_ids": [], "labels": [], "learnt": 0, "cut": 0, "own_row": 0, "disagreements": 0,
-                     "error": made, "raw": raw_text(row)}]
+            made = [{"input_ids": [], "labels": [], "learnt": 0, "cut": 0, "prompt_cut": 0, "own_row": 0,
+                     "disagreements": 0, "error": made, "raw": raw_text(row)}]
         base = {"source": index, "place": place, "error": "", "raw": ""}
         for made_row in made:
             full = {**base, **made_row}
@@ -135,11 +141,16 @@ def _format(row: dict[str, Any], place: int, finder: SpanFinder, recipe: Recipe)
                 f"({where}); give task.chat_template=chatml or a Jinja file.")
 
 
-def _rows(group: list[Formatted], encoded: list[tuple[list[int], list[int]]], place: int,
-          recipe: Recipe) -> list[dict[str, Any]] | str:
-    """A row's training rows, cut at the block; or, with ``task.overlong=refuse``, why it is refused."""
+def _rows(group: list[Formatted], encoded: list[tuple[list[int], list[int]]], place: int, recipe: Recipe,
+          bos: int | None) -> list[dict[str, Any]] | str:
+    """A row's training rows, a prompt/completion pair's prompt cut to ``task.max_prompt_length``, then cut at
+    the block; or, with ``task.overlong=refuse``, why it is refused."""
     made = []
-    for formatted, (ids, labels) in zip(group, encoded, strict=True):
+    for formatted, (whole_ids, whole_labels) in zip(group, encoded, strict=True):
+        ids, labels = whole_ids, whole_labels
+        if recipe.max_prompt_length is not None and recipe.data_format is DataFormat.prompt_completion:
+            ids, labels = cut_prompt(ids, labels, recipe.max_prompt_length, recipe.truncation_mode, bos)
+        prompt_cut = len(ids) < len(whole_ids)
         cut = len(ids) > recipe.block_size
         if cut and recipe.overlong is Overlong.refuse:
             return (f"{recipe.places.where(place)} is {len(ids)} tokens long, more than task.block_size="
@@ -148,7 +159,7 @@ def _rows(group: list[Formatted], encoded: list[tuple[list[int], list[int]]], pl
         if cut:
             ids, labels = ids[:recipe.block_size], labels[:recipe.block_size]
         learnt = 0 if cut and recipe.overlong is Overlong.drop else len(labels) - labels.count(IGNORE_INDEX)
-        made.append({"input_ids": ids, "labels": labels, "learnt": learnt, "cut": int(cut),
+        made.append({"input_ids": ids, "labels": labels, "learnt": learnt, "cut": int(cut), "prompt_cut": int(prompt_cut),
                      "own_row": int(formatted.own_row), "disagreements": formatted.disagreements})
     return made
 
@@ -159,7 +170,7 @@ def row_features() -> datasets.Features:
     from datasets import Features, List, Value
 
     return Features({"input_ids": List(Value("int32")), "labels": List(Value("int64")), "learnt": Value("int64"),
-                     "cut": Value("int64"), "own_row": Value("int64"), "disagreements": Value("int64"),
+                     "cut": Value("int64"), "prompt_cut": Value("int64"), "own_row": Value("int64"), "disagreements": Value("int64"),
                      "source": Value("int64"), "place": Value("int64"), "error": Value("string"),
                      "raw": Value("string")})
 
@@ -178,6 +189,8 @@ class Tokenized:
     """Good rows with nothing to learn (task.train_on finds no token in them, or all was cut away)."""
     cut: int = 0
     """Good rows kept with a part cut at the block (task.overlong=truncate)."""
+    prompt_cut: int = 0
+    """Good rows kept with their prompt cut to task.max_prompt_length."""
     too_long: int = 0
     """Good rows left out for being longer than the block (task.overlong=drop)."""
     own_rows: int = 0
@@ -192,7 +205,8 @@ class Tokenized:
 
 def summarise(rows: Any, places: Places, overlong: Overlong) -> Tokenized:
     """What :func:`encode_rows` made of a split: the good rows with something learnt, the counts, the bad rows."""
-    error, learnt, cut, own, source = (rows[c] for c in ("error", "learnt", "cut", "own_row", "source"))
+    error, learnt, cut, own, source, prompt_cut = (rows[c] for c in ("error", "learnt", "cut", "own_row", "source",
+                                                                      "prompt_cut"))
     bad = skipped_of(rows, places)
     by_source: dict[int, list[int]] = {}
     for i, s in enumerate(source):
@@ -206,6 +220,7 @@ def summarise(rows: Any, places: Places, overlong: Overlong) -> Tokenized:
             summary.dropped += 1
         else:
             summary.cut += any(cut[i] for i in members)
+            summary.prompt_cut += any(prompt_cut[i] for i in members)
             summary.own_rows += any(own[i] for i in members)
     kept = [i for i, n in enumerate(learnt) if n > 0 and not error[i]
             and not (overlong is Overlong.drop and any(cut[j] for j in by_source[source[i]]))]
