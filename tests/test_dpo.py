@@ -60,8 +60,8 @@ def chat_llama(tmp_path_factory) -> Path:
 def dpo_task(tmp_path: Path, model: Path, rows: list[dict], **options) -> tuple[DPOTask, object, OneProcess]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     train = write_jsonl(tmp_path / "prefs.jsonl", rows)
-    options = {"packing": False, **options}
-    cfg = DPOConfig(config=str(model), cache_dir=str(tmp_path / "cache"), block_size=128, **options)
+    options = {"packing": False, "block_size": 128, **options}
+    cfg = DPOConfig(config=str(model), cache_dir=str(tmp_path / "cache"), **options)
     cfg.data_files.train = str(train)
     task, runtime = DPOTask(cfg), OneProcess()
     torch.manual_seed(0)
@@ -354,3 +354,27 @@ def pair_offsets(rows: list[dict]) -> list[int]:
     return offsets
 
 
+
+
+def test_tool_calls_in_the_answers_are_scored_and_a_tools_column_reaches_the_template(tmp_path):
+    """A preference between a tool call (content null) and a plain answer, with the function's schema in a
+    ``tools`` column, through Qwen2.5's real template (from TRL's wheel): the chosen side scores the tool call
+    and its end-of-turn token, the rejected side its answer; the schemas are in the prompt, scored by neither."""
+    trl_templates = pytest.importorskip("tests.helpers.trl_templates")
+    pytest.importorskip("trl", reason="trl (whose wheel ships Qwen2.5's chat template) is not installed")
+    model = make_tiny_chat_llama(tmp_path / "qwen", template=trl_templates.template("qwen2_5"))
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    rows = [{"prompt": [{"role": "user", "content": f"what is the weather in Paris ? {k}"}],
+             "chosen": [{"role": "assistant", "content": None, "tool_calls": [call]}],
+             "rejected": [{"role": "assistant", "content": "it is sunny ."}],
+             "tools": json.dumps(trl_templates.TOOLS)} for k in range(6)]
+    task, data, _ = dpo_task(tmp_path / "run", model, rows, block_size=1024, eval_fraction=0.2)
+    pair = data.train[0]
+    tokenizer = task.tokenizer
+
+    def scored(side: str) -> str:
+        return tokenizer.decode([t for t in pair[f"{side}_labels"] if t != IGNORE_INDEX])
+
+    assert scored("chosen") == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    assert scored("rejected") == "it is sunny .<|im_end|>"
+    assert '"name": "get_weather", "description"' in tokenizer.decode(pair["chosen_ids"])

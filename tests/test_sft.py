@@ -433,3 +433,18 @@ def test_a_long_prompt_is_cut_to_max_prompt_length_keeping_its_bos_and_the_compl
     with pytest.raises(ConfigError, match="task.max_prompt_length cuts the prompt of prompt/completion data"):
         SFTConfig(config="llama", data_files=SFTConfig().data_files.__class__(train="a.jsonl"),
                   format=DataFormat.messages, max_prompt_length=16).check()
+
+
+def test_a_template_with_generation_markers_is_learnt_from_them_and_the_span_finder_checked():
+    """ChatML with markers around every whole message (headers and user turns included): the markers say what is
+    learnt for each assistant turn (its header too, here); the span finder's span (the content and end-of-turn
+    token) differs for every turn, and the row counts each disagreement for the log."""
+    tokenizer = make_tokenizer(MARKED)
+    chats = conversations(6, seed=12)
+    out = encode(tokenizer, [{"messages": c} for c in chats], recipe(DataFormat.messages))
+    for chat, labels, disagreements in zip(chats, out["labels"], out["disagreements"], strict=True):
+        runs = learnt_runs(tokenizer, labels)
+        assert runs == [f"<|im_start|>assistant\n{a}<|im_end|>" for a in answers(chat)]
+        assert disagreements == len(answers(chat))
+    plain = encode(make_tokenizer(), [{"messages": c} for c in chats], recipe(DataFormat.messages))
+    assert plain["disagreements"] == [0] * len(chats)

@@ -59,6 +59,8 @@ def shapes(name: str) -> dict[str, tuple[list[dict], list[dict] | None]]:
 def ours(tokenizer, chat: list[dict], tools: list[dict] | None) -> tuple[list[tuple[list[int], list[int]]], str]:
     batch = {"messages": [chat], **({"tools": [tools]} if tools else {})}
     out = encode_rows(batch, [0], tokenizer, RECIPE)
+    # A template with generation markers (LFM2.5's) is learnt from them: the span finder must agree with them.
+    assert sum(out["disagreements"]) == 0, "the span finder places a turn otherwise than the template's markers"
     return list(zip(out["input_ids"], out["labels"], strict=True)), out["error"][0]
 
 

@@ -23,7 +23,7 @@ from app.tasks.dpo.config import DPOConfig
 from app.tasks.dpo.fit import Fitted, PairFit, fit_pair
 from app.tasks.sft.bad_rows import Skipped, skipped_of
 from app.tasks.sft.config import TrainOn
-from app.tasks.sft.conversations import BadRow, Conversation, Plain, messages
+from app.tasks.sft.conversations import BadRow, Conversation, Plain, messages, tools
 from app.tasks.sft.records import PLACE, RECORD, Places, batch_rows, raw_text, row_record
 from app.tasks.sft.spans import Formatted, SpanFinder, UnusableTemplate
 from app.tasks.sft.tokens import tokenize
@@ -49,10 +49,12 @@ class PairFields:
     fit: PairFit
     places: Places
     """How the split's rows are named in messages (its file, and line, row or byte)."""
+    tools: str = "tools"
+    """The column of function schemas given to the chat template (``task.tools_field``)."""
 
     @classmethod
     def of(cls, cfg: DPOConfig, places: Places) -> Self:
-        return cls(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, PairFit.of(cfg), places)
+        return cls(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, PairFit.of(cfg), places, cfg.tools_field)
 
     def where(self, place: int) -> str:
         return self.places.where(place)
@@ -86,7 +88,8 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
             if not all(str(m.get("content", "")).strip() or m.get("tool_calls") for m in answer
                        if m["role"] == "assistant"):
                 raise BadRow(f"the {name!r} answer is empty")
-        sides = [Conversation(turns + answer, len(turns)) for answer in answers]
+        schemas = tools(row, fields.tools)
+        sides = [Conversation(turns + answer, len(turns), schemas) for answer in answers]
     else:
         raise BadRow(f"{fields.prompt!r}, {fields.chosen!r} and {fields.rejected!r} must be strings or lists of "
                      "messages")

@@ -56,7 +56,7 @@ from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 if TYPE_CHECKING:
     import datasets
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 """Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected")
@@ -185,7 +185,7 @@ class DPOTask(SFTTask):
         cfg = self.cfg
         fields = PairFields.of(cfg, places)
         payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
-                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected],
+                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected, fields.tools],
                    "fit": asdict(fields.fit), "data": split.fingerprint}
         key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
         root.mkdir(parents=True, exist_ok=True)
