@@ -24,14 +24,17 @@ ENV = "USE_HUB_KERNELS"
 _ASKED = {"true", "1", "y", "yes", "on"}  # transformers' reading of a true environment variable
 
 
-def hub_kernels_off_by_default(environ: MutableMapping[str, str] = os.environ) -> None:
-    """``USE_HUB_KERNELS=NO`` unless the user set it."""
-    environ.setdefault(ENV, "NO")
+def hub_kernels_off_by_default(environ: MutableMapping[str, str] | None = None) -> None:
+    """``USE_HUB_KERNELS=NO`` unless the user set it. ``environ``: this process's environment, looked up at the
+    call (``datasets.map(num_proc=...)`` replaces ``os.environ`` with a copy: a default bound at import would
+    write to the old one, which ``os.getenv`` no longer reads)."""
+    (os.environ if environ is None else environ).setdefault(ENV, "NO")
 
 
-def keep_hub_kernels_off(kind: str, environ: MutableMapping[str, str] = os.environ) -> None:
+def keep_hub_kernels_off(kind: str, environ: MutableMapping[str, str] | None = None) -> None:
     """For ``hardware=<kind>``, whose devices the ``kernels`` library refuses (a single-process kind:
     no worker has inherited the user's choice): off even when asked, and the log says so."""
+    environ = os.environ if environ is None else environ
     if environ.get(ENV, "").lower() in _ASKED:
         log.warning("%s=%s ignored: Hub kernels do not run on hardware=%s's devices; the model keeps its PyTorch "
                     "layers.", ENV, environ[ENV], kind)
