@@ -33,6 +33,10 @@ REFUSED = {
     # the closest key instead of Hydra's hint to add it with + (which the app would then refuse).
     "option": (["precision=fp8"], "error: precision=fp8 is not an option of precision; choose one of bf16, fp16, no."),
     "typo_key": (["trainer.batchsize=3"], "unknown configuration key trainer.batchsize; did you mean trainer.batch_size?"),
+    # TRL's name for ours, and the keys of the task chosen (not the default one's).
+    "trl_name": (["task=sft", "per_device_train_batch_size=8"], (
+        "unknown configuration key per_device_train_batch_size: TRL's per_device_train_batch_size is "
+        "trainer.batch_size here (docs/coming-from-trl.md); python -m app task=sft --cfg job lists the keys.")),
     "dropout": (["task.dropout=2.0"], "task.dropout must be in [0, 1), got 2.0."),
     "max_steps_0": (["trainer.max_steps=0"], ("trainer.max_steps=0 trains nothing; give a positive number of "
                                              "optimizer steps, or -1")),

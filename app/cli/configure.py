@@ -40,6 +40,9 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The app's Hydra config folder (``conf/``, beside ``app/``)."""
 
 
+SCHEMA_SUFFIX = "_schema"
+"""The end of a schema's name in the ConfigStore (``lora_schema``), which sets it apart from the options."""
+
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "hardware": {"hardware_schema": HardwareConfig},
     "precision": {"precision_schema": PrecisionConfig},
