@@ -438,6 +438,10 @@ class TaskConfig:
         """A task's own rules (``task.dropout`` in [0, 1)...), beside its fields in its schema; the task
         also checks the config it is built with, so a config given directly is refused alike."""
 
+    def check_in_run(self, run: RunConfig) -> None:
+        """A task's rules on the run's other groups (``task=dpo task.reference=base`` needs
+        ``adapter=lora``), checked after every group's own; none by default."""
+
 
 @runtime_checkable
 class PredictsTestConfig(Protocol):
@@ -491,6 +495,7 @@ class RunConfig:
         self.logging.check()
         self.adapter.check()
         self.task.check()
+        self.task.check_in_run(self)
         if self.task.streams_training_data:
             self.check_streamed_training()
 

@@ -116,6 +116,7 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: task.reference=base is the model with its LoRA adapters disabled, and this run has none: give "
         "adapter=lora, or task.reference=copy or precomputed.")
+    assert not (prefs / "no").exists()  # refused at start-up: no metrics.jsonl, no tensorboard/ left behind
 
 
 def test_an_ultrafeedback_binarized_file_trains(prefs):

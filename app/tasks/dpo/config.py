@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from app.config import ConfigError
+from app.config import AdapterKind, ConfigError, RunConfig
 from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
 
 
@@ -74,3 +74,8 @@ class DPOConfig(SFTConfig):
         if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
             raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
                               "and task.train_on at their defaults.")
+
+    def check_in_run(self, run: RunConfig) -> None:
+        if self.reference is Reference.base and run.adapter.kind is not AdapterKind.lora:
+            raise ConfigError("task.reference=base is the model with its LoRA adapters disabled, and this run has "
+                              "none: give adapter=lora, or task.reference=copy or precomputed.")
