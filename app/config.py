@@ -363,8 +363,9 @@ class LoggingConfig:
     """Experiment trackers; wandb runs offline unless WANDB_MODE/WANDB_API_KEY say otherwise."""
     progress_bar: bool = True
     """Progress bars for training, evaluation and data preparation (main process only)."""
-    print_config: bool = True
-    """Print the resolved config as a tree at start (coloured on a terminal)."""
+    print_config: bool = False
+    """Print the resolved config as a tree at start (coloured on a terminal); false: one line with the
+    command line's overrides, the tree in ``app.log`` and the values in ``.hydra/config.yaml``."""
     project_name: str = "app"
     """wandb's project, MLflow's experiment."""
     group: str | None = None

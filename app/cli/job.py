@@ -101,7 +101,8 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
     try:
         if this_process.is_rank_zero():
             CLAIMS.hold(run_dir)  # already held when the command line named the folder
-        result = launch(cfg, run_dir, hydra_record(dict_cfg) if CLAIMS.deferred_record else None)
+        result = launch(cfg, run_dir, hydra_record(dict_cfg) if CLAIMS.deferred_record else None,
+                        list(hydra_cfg.overrides.task))
         ended = read_result(run_dir) or {}
         if ended.get("status") == NAN:
             # A diverged run exported nothing: said once, and not a success (a sweep goes on: the
