@@ -306,7 +306,9 @@ class CheckpointConfig:
     every_epoch: bool = True
     """Also save at the end of every epoch."""
     total_limit: int | None = 3
-    """Keep at most this many recent checkpoints (the best one is kept in addition); null keeps all."""
+    """Keep at most this many recent checkpoints (the best one is kept in addition with ``keep_best``; one
+    rotated out that holds a best evaluation's weights still needed leaves them as ``best_<step>``, not
+    counted); null keeps all."""
     keep_best: bool = True
     """Never rotate out the checkpoint with the best ``early_stopping.monitor`` value."""
     save_final_model: bool = True

@@ -180,3 +180,24 @@ def test_with_lora_the_kept_weights_are_the_adapters_and_head_and_the_export_is_
     assert keys and all("lora_" in key or "classifier" in key for key in keys), sorted(keys)
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         assert exported(tmp_path / "run", name) == exported(tmp_path / "at_best", name), name
+
+
+@pytest.mark.timeout(120)
+def test_total_limit_bounds_the_resumable_checkpoints_and_a_rotated_best_keeps_its_weights_only(tmp_path):
+    """``checkpoint.total_limit=2 checkpoint.keep_best=false``: two checkpoints, not three. The first
+    epoch's checkpoint (the best evaluation, step 12) leaves its weights as ``best_12`` when it rotates
+    out, its optimizer state gone, and the export loads them."""
+    run_app("checkpoint.total_limit=2", "checkpoint.keep_best=false", "trainer.max_epochs=4", "trainer.batch_size=128",
+            "early_stopping.monitor=eval/loss", "early_stopping.mode=max", "early_stopping.patience=null",
+            "logging.trackers=[]", "logging.progress_bar=false", "hydra.run.dir=run", cwd=tmp_path, check=True)
+    run_dir = tmp_path / "run"
+    assert kept_folders(run_dir) == ["best_12", "checkpoint_2", "checkpoint_3"]
+    kept = read_manifest(run_dir / "checkpoints" / "best_12")
+    assert list(kept.files) == ["model.safetensors"] and kept.step == 12 and kept.extra == {"holds": "weights"}
+    said = described(run_dir)
+    assert (said["exported"], said["step"], said["checkpoint"]) == ("best", 12, "best_12")
+    with safe_open(run_dir / "checkpoints" / "best_12" / "model.safetensors", "pt") as weights, \
+            safe_open(run_dir / "model" / "model.safetensors", "pt") as export:
+        names = sorted(weights.keys())
+        assert names == sorted(export.keys())
+        assert all(weights.get_tensor(name).equal(export.get_tensor(name)) for name in names)
