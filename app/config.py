@@ -445,6 +445,17 @@ class TaskConfig:
         """A task's rules on the run's other groups (``task=dpo task.reference=base`` needs
         ``adapter=lora``), checked after every group's own; none by default."""
 
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        """The task's keys whose value changes the scale of ``metric`` (``task=dpo``'s ``eval/loss`` with
+        ``task.beta``): a sweep over one of them ranks its jobs by numbers that do not compare. None by
+        default."""
+        return ()
+
+    def comparable_metric(self) -> str | None:
+        """A metric of this task that compares across every key (``task=dpo``: ``eval/rewards/accuracies``),
+        for a sweep over a key that scales the others; None: none to name."""
+        return None
+
 
 @runtime_checkable
 class PredictsTestConfig(Protocol):

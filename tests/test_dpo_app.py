@@ -381,3 +381,7 @@ def test_a_sweep_runs_one_dpo_job_per_beta(prefs):
         assert f"task.beta={beta}" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
         assert "eval/rewards/accuracies" in rows(sweep / job)[-1]
         assert f"β = {beta}" in (sweep / job / "model" / "README.md").read_text()
+    # eval/loss scales with beta: the report says its "best" is no best model, and which metric compares.
+    assert ("**Not comparable:** eval/loss does not compare across task.beta (its value changes eval/loss's "
+            "scale), so the best by it is not the best model; rank by one that does: "
+            "early_stopping.monitor=eval/rewards/accuracies (docs/dpo.md).") in (sweep / "sweep.md").read_text()

@@ -96,6 +96,10 @@ def test_the_model_card_and_log_say_what_was_learnt(chat_run):
     assert "| trained on | assistant tokens, packed |" in card
     log = (chat_run / "app.log").read_text()
     assert "data: train: 400 conversations of" in log and "packed: 400 training conversations into" in log
+    # The start says the run trains every step asked for (no early stopping by default) and what model/ gets.
+    assert ("early stopping: off, every step asked for is trained (early_stopping.patience=N stops after N "
+            "evaluations without a better eval/loss); model/: the best evaluation by eval/loss (lowest; "
+            "checkpoint.export=last: the final weights)") in log
 
 
 @pytest.mark.parametrize(("rows", "expected"), [

@@ -9,7 +9,7 @@ import json
 import random
 from pathlib import Path
 
-from app.report.collect import JobRow, best_row
+from app.report.collect import JobRow, best_row, not_comparable
 from app.report.plots import log_scale, metric_panels, plot_sweep, run_figure, sweep_figure
 
 
@@ -113,3 +113,20 @@ def test_a_dpo_runs_report_draws_each_scale_in_its_own_panel(tmp_path):
                           "eval/rewards/accuracies": [1.0]}) == {
         "evaluation metrics": ["eval/accuracy", "eval/f1"], "eval/rewards/accuracies": ["eval/rewards/accuracies"],
         "eval/rewards/margins": ["eval/rewards/margins"]}
+
+
+def test_a_sweep_says_when_its_objective_does_not_compare_across_what_it_sweeps(tmp_path):
+    """task=dpo's eval/loss across task.beta (or task.loss_type...) names no best model; its
+    eval/rewards/accuracies does; a key that does not scale the monitor (optim.lr) is no reason."""
+    def dpo_rows(key: str, values: tuple[str, ...], monitor: str = "eval/loss") -> list[JobRow]:
+        return [JobRow(folder=tmp_path / str(job), job=job, overrides=[f"{key}={value}"], status="finished",
+                       monitor=monitor, mode="min", best=0.5 + job / 10, best_step=4, steps=4, wall_time_s=1.0,
+                       task="dpo") for job, value in enumerate(values)]
+
+    assert not_comparable(dpo_rows("task.beta", ("0.1", "0.5"))) == (
+        "eval/loss does not compare across task.beta (its value changes eval/loss's scale), so the best by it is "
+        "not the best model; rank by one that does: early_stopping.monitor=eval/rewards/accuracies (docs/dpo.md).")
+    assert "across task.loss_type" in not_comparable(dpo_rows("task.loss_type", ("sigmoid", "ipo")))
+    assert not_comparable(dpo_rows("task.beta", ("0.1", "0.5"), monitor="eval/rewards/accuracies")) is None
+    assert not_comparable(dpo_rows("optim.lr", ("1e-6", "1e-5"))) is None
+    assert not_comparable(grid_rows(tmp_path)) is None  # digits: nothing scales its accuracy

@@ -79,3 +79,17 @@ class DPOConfig(SFTConfig):
         if self.reference is Reference.base and run.adapter.kind is not AdapterKind.lora:
             raise ConfigError("task.reference=base is the model with its LoRA adapters disabled, and this run has "
                               "none: give adapter=lora, or task.reference=copy or precomputed.")
+
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        # The loss is a function of beta * margin (sigmoid) or of margin - 1/(2 beta) (ipo), smoothed by
+        # label_smoothing; the rewards are beta * log-ratios; ipo averages log-probabilities per token.
+        if metric == "eval/loss":
+            return "task.beta", "task.loss_type", "task.label_smoothing"
+        if metric in ("eval/rewards/chosen", "eval/rewards/rejected", "eval/rewards/margins"):
+            return "task.beta", "task.loss_type"
+        if metric.startswith("eval/logps/"):
+            return ("task.loss_type",)
+        return ()
+
+    def comparable_metric(self) -> str | None:
+        return "eval/rewards/accuracies"

@@ -106,6 +106,10 @@ class SFTConfig(CausalLMConfig):
     max_new_tokens: int = 64
     """The most tokens each sample generates (it stops earlier at EOS or the end-of-turn token)."""
 
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        # Which tokens are learnt (and so averaged over) changes every per-token metric.
+        return ("task.train_on",) if metric in ("eval/loss", "eval/perplexity", "eval/token_accuracy") else ()
+
     def check(self) -> None:
         super().check()
         if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.block_size:
