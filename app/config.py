@@ -27,7 +27,7 @@ import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from omegaconf import MISSING
 
@@ -429,6 +429,11 @@ class LoraAdapterConfig(AdapterConfig):
 class TaskConfig:
     """Base of every task schema; each task adds its own fields (see ``app/tasks``)."""
 
+    UNUSED: ClassVar[dict[str, str]] = {}
+    """Keys this task's schema inherits from another task's that the task does not use, each with what to
+    do instead: a value other than the default is refused in one sentence (:meth:`check_unused`), and
+    ``--help`` does not list them. A key a task lists in ``--help`` is one it reads (tests/test_task_keys.py)."""
+
     name: str = MISSING
 
     @property
@@ -440,6 +445,18 @@ class TaskConfig:
     def check(self) -> None:
         """A task's own rules (``task.dropout`` in [0, 1)...), beside its fields in its schema; the task
         also checks the config it is built with, so a config given directly is refused alike."""
+
+    def check_unused(self) -> None:
+        """``task.<key>=<value> does not apply to task=<name>: ...`` for a key of :attr:`UNUSED` given a
+        value other than its default."""
+        for f in dataclasses.fields(self):
+            if f.name not in self.UNUSED:
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = getattr(self, f.name)
+            if value != default:
+                shown = value.value if isinstance(value, enum.Enum) else value
+                raise ConfigError(f"task.{f.name}={shown} does not apply to task={self.name}: {self.UNUSED[f.name]}")
 
     def check_in_run(self, run: RunConfig) -> None:
         """A task's rules on the run's other groups (``task=dpo task.reference=base`` needs
@@ -509,6 +526,7 @@ class RunConfig:
         self.logging.check()
         self.adapter.check()
         self.task.check()
+        self.task.check_unused()
         self.task.check_in_run(self)
         if self.task.streams_training_data:
             self.check_streamed_training()

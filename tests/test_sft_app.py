@@ -121,6 +121,17 @@ def test_bad_data_stops_the_run_with_one_sentence(tmp_path, chat_data, rows, exp
     assert last.endswith("train on the others with task.bad_rows=skip (each then written to <run>/skipped_rows.jsonl).")
 
 
+def test_train_on_completion_on_conversations_is_refused_once_the_format_is_found(tmp_path, chat_data):
+    """task.format=auto finds messages: a completion to learn is none of theirs (it was accepted in silence)."""
+    proc = run_app("task=sft", f"task.config={chat_data / 'base'}", "task.chat_template=chatml",
+                   f"task.data_files.train={chat_data / 'chat.jsonl'}", "task.train_on=completion",
+                   f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: task.train_on=completion needs prompt/completion pairs, and {chat_data / 'chat.jsonl'} holds "
+        "conversations (messages); use task.train_on=assistant (every assistant turn) or last_assistant.")
+
+
 def test_an_unusable_template_stops_the_run_with_one_sentence(tmp_path, chat_data):
     template = tmp_path / "template.jinja"
     template.write_text(NO_END)

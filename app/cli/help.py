@@ -124,7 +124,8 @@ def _keys(group: str, option: Path | None) -> list[str]:
 
 def _schema_keys(stored: str) -> list[str]:
     """The keys of a schema in Hydra's ConfigStore (filled by ``app.cli.configure.register_configs``), a
-    nested dataclass's dotted; a task's ``name`` (set by its option) is left out."""
+    nested dataclass's dotted; a task's ``name`` (set by its option) is left out, and so are the keys it
+    inherits but does not use (``TaskConfig.UNUSED``: task=dpo's ``task.sample_prompts``)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import DictConfig, OmegaConf
 
@@ -138,7 +139,9 @@ def _schema_keys(stored: str) -> list[str]:
                 keys.append(f"{prefix}{key}")
         return keys
 
-    return walk(ConfigStore.instance().load(f"{stored}.yaml").node, "")
+    node = ConfigStore.instance().load(f"{stored}.yaml").node
+    unused = getattr(OmegaConf.get_type(node), "UNUSED", {})
+    return [key for key in walk(node, "") if key not in unused]
 
 
 def _examples(readme: Path) -> list[str]:
