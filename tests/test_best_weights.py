@@ -70,6 +70,9 @@ def test_the_export_holds_the_best_evaluations_weights_whatever_the_schedule(at_
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["best_step"] == 10 and result["exported"]["step"] == 10 and result["exported"]["checkpoint"] == holder
     assert "these are the **best** weights, from step 10 of 60, eval/loss = " in (tmp_path / "model" / "README.md").read_text()
+    # The run's length, not the exported evaluation's: 60 steps is one whole 45-step epoch (issue 51).
+    assert "| length | 60 optimizer steps, 1 epoch(s) completed " in (tmp_path / "model" / "README.md").read_text()
+    assert (said["epoch"], said["final_epoch"]) == (0, 1)
     assert f"(`checkpoints/{holder}`)." in (tmp_path / "model" / "README.md").read_text()
     # Rotation kept the holder (total_limit=1) and nothing more than needed.
     assert kept_folders(tmp_path) == folders

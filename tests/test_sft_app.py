@@ -10,6 +10,7 @@ stop the run with one sentence (exit 2). One optimizer step is the same at batch
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,11 @@ def eval_rows(run: Path) -> list[dict]:
 def test_a_packed_run_learns_the_answers(chat_run):
     rows = eval_rows(chat_run)
     assert len(rows) == 6
+    # Counted in conversations, not in the packed rows that hold them (issue 51).
+    assert all(row["eval/num_samples"] == 40 for row in rows)
+    card = (chat_run / "model" / "README.md").read_text()
+    assert re.search(r"\| train \| 400 \(in \d+ packed rows\) \|", card), card
+    assert re.search(r"\| evaluation \| 40 \(in \d+ packed rows\) \|", card), card
     first, last = rows[0], rows[-1]
     assert last["eval/loss"] < 0.7 * first["eval/loss"] and last["eval/perplexity"] < 2.5
     assert last["eval/token_accuracy"] > first["eval/token_accuracy"]

@@ -81,12 +81,12 @@ def _run_keys(chosen: dict[str, str]) -> list[str]:
 
 
 def _tasks_with(key: str, task: str) -> list[str]:
-    """Our tasks other than ``task`` whose schema has the ``task.<name>`` key ``key``."""
+    """Our tasks other than ``task`` whose schema has the ``task.<name>`` key ``key`` (and uses it)."""
     group, _, name = key.partition(".")
     if group != "task" or "." in name:
         return []
     return [other for other, schema in TASK_SCHEMAS.items()
-            if other != task and name in {f.name for f in dataclasses.fields(schema)}]
+            if other != task and name in {f.name for f in dataclasses.fields(schema)} and name not in schema.UNUSED]
 
 
 def composition_sentence(err: ConfigCompositionException, chosen: dict[str, str] | None = None,

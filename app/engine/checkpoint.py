@@ -282,6 +282,7 @@ class CheckpointPolicy:
         final_metric = state.last_metrics.get(monitor) if evaluated else None
         described: dict[str, Any] = {
             "exported": "last", "step": state.global_step, "epoch": state.epoch, "final_step": state.global_step,
+            "final_epoch": state.epoch,
             "metric": None if final_metric is None else {"name": monitor, "value": float(final_metric),
                                                           "mode": self.mode},
             "metrics": evaluation_metrics(state.last_metrics) if evaluated else {},
