@@ -172,7 +172,8 @@ _TRL_COMMON: dict[str, Counterpart] = {
     "dataset_num_proc": _ours("task.num_proc"),
     "max_length": _ours("task.block_size"),
     "max_seq_length": _ours("task.block_size"),
-    "truncation_mode": _ours("task.overlong", "truncate keeps the start, as keep_start"),
+    "truncation_mode": _ours("task.overlong", "truncate keeps the start, as keep_start; task.truncation_mode is "
+                                              "which end of a prompt cut to task.max_prompt_length stays"),
     "padding_free": _ours("task.packing", "packed rows have no padding between sequences"),
     "pad_to_multiple_of": NOT_YET,
     "pad_token": NOT_YET,
@@ -208,7 +209,7 @@ _DPO: dict[str, Counterpart] = {
     "f_alpha_divergence_coef": NOT_YET,
     "use_weighting": NOT_YET,
     "discopop_tau": NOT_YET,
-    "max_prompt_length": NOT_YET,
+    "max_prompt_length": _ours("task.max_prompt_length"),
     "max_completion_length": NOT_YET,
     "rpo_alpha": NOT_YET,
     "generate_during_eval": NOT_YET,
