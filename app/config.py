@@ -27,7 +27,7 @@ import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from omegaconf import MISSING
 
@@ -306,7 +306,9 @@ class CheckpointConfig:
     every_epoch: bool = True
     """Also save at the end of every epoch."""
     total_limit: int | None = 3
-    """Keep at most this many recent checkpoints (the best one is kept in addition); null keeps all."""
+    """Keep at most this many recent checkpoints (the best one is kept in addition with ``keep_best``; one
+    rotated out that holds a best evaluation's weights still needed leaves them as ``best_<step>``, not
+    counted); null keeps all."""
     keep_best: bool = True
     """Never rotate out the checkpoint with the best ``early_stopping.monitor`` value."""
     save_final_model: bool = True
@@ -363,8 +365,9 @@ class LoggingConfig:
     """Experiment trackers; wandb runs offline unless WANDB_MODE/WANDB_API_KEY say otherwise."""
     progress_bar: bool = True
     """Progress bars for training, evaluation and data preparation (main process only)."""
-    print_config: bool = True
-    """Print the resolved config as a tree at start (coloured on a terminal)."""
+    print_config: bool = False
+    """Print the resolved config as a tree at start (coloured on a terminal); false: one line with the
+    command line's overrides, the tree in ``app.log`` and the values in ``.hydra/config.yaml``."""
     project_name: str = "app"
     """wandb's project, MLflow's experiment."""
     group: str | None = None
@@ -426,6 +429,11 @@ class LoraAdapterConfig(AdapterConfig):
 class TaskConfig:
     """Base of every task schema; each task adds its own fields (see ``app/tasks``)."""
 
+    UNUSED: ClassVar[dict[str, str]] = {}
+    """Keys this task's schema inherits from another task's that the task does not use, each with what to
+    do instead: a value other than the default is refused in one sentence (:meth:`check_unused`), and
+    ``--help`` does not list them. A key a task lists in ``--help`` is one it reads (tests/test_task_keys.py)."""
+
     name: str = MISSING
 
     @property
@@ -437,6 +445,33 @@ class TaskConfig:
     def check(self) -> None:
         """A task's own rules (``task.dropout`` in [0, 1)...), beside its fields in its schema; the task
         also checks the config it is built with, so a config given directly is refused alike."""
+
+    def check_unused(self) -> None:
+        """``task.<key>=<value> does not apply to task=<name>: ...`` for a key of :attr:`UNUSED` given a
+        value other than its default."""
+        for f in dataclasses.fields(self):
+            if f.name not in self.UNUSED:
+                continue
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = getattr(self, f.name)
+            if value != default:
+                shown = value.value if isinstance(value, enum.Enum) else value
+                raise ConfigError(f"task.{f.name}={shown} does not apply to task={self.name}: {self.UNUSED[f.name]}")
+
+    def check_in_run(self, run: RunConfig) -> None:
+        """A task's rules on the run's other groups (``task=dpo task.reference=base`` needs
+        ``adapter=lora``), checked after every group's own; none by default."""
+
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        """The task's keys whose value changes the scale of ``metric`` (``task=dpo``'s ``eval/loss`` with
+        ``task.beta``): a sweep over one of them ranks its jobs by numbers that do not compare. None by
+        default."""
+        return ()
+
+    def comparable_metric(self) -> str | None:
+        """A metric of this task that compares across every key (``task=dpo``: ``eval/rewards/accuracies``),
+        for a sweep over a key that scales the others; None: none to name."""
+        return None
 
 
 @runtime_checkable
@@ -491,6 +526,8 @@ class RunConfig:
         self.logging.check()
         self.adapter.check()
         self.task.check()
+        self.task.check_unused()
+        self.task.check_in_run(self)
         if self.task.streams_training_data:
             self.check_streamed_training()
 

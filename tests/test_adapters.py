@@ -173,3 +173,18 @@ def test_without_peft_adapter_lora_is_one_sentence_naming_the_extra(tmp_path):
     assert proc.stderr.strip() == ('error: adapter=lora needs the peft package, which is not installed; pip install -e '
                                    '".[peft]" (or pip install peft), or use adapter=none.')
     assert not (tmp_path / "run").exists()
+
+
+def test_a_bare_value_for_a_list_key_is_a_list_of_one(tmp_path):
+    """``adapter.target_modules=all-linear`` as typed (peft's own spelling) is ``[all-linear]``, as is any
+    list key given one value; a list, null and a sweep's values stay as they are."""
+    from app.cli.argv import bare_values_as_lists
+
+    proc = run_app("adapter=lora", "adapter.target_modules=all-linear", "logging.trackers=tensorboard", "--cfg", "job",
+                   cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "  target_modules:\n  - all-linear\n" in proc.stdout and "  trackers:\n  - tensorboard\n" in proc.stdout
+    kept = ["adapter.target_modules=[q,v]", "adapter.target_modules=null", "task.model=x"]
+    assert bare_values_as_lists(kept) == kept
+    assert bare_values_as_lists(["-m", "adapter.target_modules=q,v"]) == ["-m", "adapter.target_modules=q,v"]
+    assert bare_values_as_lists(["+adapter.target_modules='q'"]) == ["+adapter.target_modules=['q']"]

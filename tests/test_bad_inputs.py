@@ -33,6 +33,13 @@ REFUSED = {
     # the closest key instead of Hydra's hint to add it with + (which the app would then refuse).
     "option": (["precision=fp8"], "error: precision=fp8 is not an option of precision; choose one of bf16, fp16, no."),
     "typo_key": (["trainer.batchsize=3"], "unknown configuration key trainer.batchsize; did you mean trainer.batch_size?"),
+    # A run folder where its exported model is meant: the sentence names <run>/model (issue 51).
+    "run_folder": (["task=sft", "task.model=trained", "task.data_files.train=chat.jsonl"],
+                   "task.model=trained is a run folder, not a model folder: its exported model is task.model=trained/model."),
+    # TRL's name for ours, and the keys of the task chosen (not the default one's).
+    "trl_name": (["task=sft", "per_device_train_batch_size=8"], (
+        "unknown configuration key per_device_train_batch_size: TRL's per_device_train_batch_size is "
+        "trainer.batch_size here (docs/coming-from-trl.md); python -m app task=sft --cfg job lists the keys.")),
     "dropout": (["task.dropout=2.0"], "task.dropout must be in [0, 1), got 2.0."),
     "max_steps_0": (["trainer.max_steps=0"], ("trainer.max_steps=0 trains nothing; give a positive number of "
                                              "optimizer steps, or -1")),
@@ -50,6 +57,8 @@ REFUSED = {
 def test_bad_inputs_are_one_sentence_and_leave_nothing_behind(tmp_path):
     """Each case is a real ``python -m app``; they run side by side to save time."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    (tmp_path / "trained" / "model").mkdir(parents=True)
+    (tmp_path / "trained" / "model" / "config.json").write_text("{}")
     procs = {}
     for name, (args, _) in REFUSED.items():
         procs[name] = subprocess.Popen([sys.executable, "-m", "app", *args, *QUIET, f"hydra.run.dir={tmp_path / name}"],

@@ -70,6 +70,9 @@ def test_the_export_holds_the_best_evaluations_weights_whatever_the_schedule(at_
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["best_step"] == 10 and result["exported"]["step"] == 10 and result["exported"]["checkpoint"] == holder
     assert "these are the **best** weights, from step 10 of 60, eval/loss = " in (tmp_path / "model" / "README.md").read_text()
+    # The run's length, not the exported evaluation's: 60 steps is one whole 45-step epoch (issue 51).
+    assert "| length | 60 optimizer steps, 1 epoch(s) completed " in (tmp_path / "model" / "README.md").read_text()
+    assert (said["epoch"], said["final_epoch"]) == (0, 1)
     assert f"(`checkpoints/{holder}`)." in (tmp_path / "model" / "README.md").read_text()
     # Rotation kept the holder (total_limit=1) and nothing more than needed.
     assert kept_folders(tmp_path) == folders
@@ -180,3 +183,24 @@ def test_with_lora_the_kept_weights_are_the_adapters_and_head_and_the_export_is_
     assert keys and all("lora_" in key or "classifier" in key for key in keys), sorted(keys)
     for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
         assert exported(tmp_path / "run", name) == exported(tmp_path / "at_best", name), name
+
+
+@pytest.mark.timeout(120)
+def test_total_limit_bounds_the_resumable_checkpoints_and_a_rotated_best_keeps_its_weights_only(tmp_path):
+    """``checkpoint.total_limit=2 checkpoint.keep_best=false``: two checkpoints, not three. The first
+    epoch's checkpoint (the best evaluation, step 12) leaves its weights as ``best_12`` when it rotates
+    out, its optimizer state gone, and the export loads them."""
+    run_app("checkpoint.total_limit=2", "checkpoint.keep_best=false", "trainer.max_epochs=4", "trainer.batch_size=128",
+            "early_stopping.monitor=eval/loss", "early_stopping.mode=max", "early_stopping.patience=null",
+            "logging.trackers=[]", "logging.progress_bar=false", "hydra.run.dir=run", cwd=tmp_path, check=True)
+    run_dir = tmp_path / "run"
+    assert kept_folders(run_dir) == ["best_12", "checkpoint_2", "checkpoint_3"]
+    kept = read_manifest(run_dir / "checkpoints" / "best_12")
+    assert list(kept.files) == ["model.safetensors"] and kept.step == 12 and kept.extra == {"holds": "weights"}
+    said = described(run_dir)
+    assert (said["exported"], said["step"], said["checkpoint"]) == ("best", 12, "best_12")
+    with safe_open(run_dir / "checkpoints" / "best_12" / "model.safetensors", "pt") as weights, \
+            safe_open(run_dir / "model" / "model.safetensors", "pt") as export:
+        names = sorted(weights.keys())
+        assert names == sorted(export.keys())
+        assert all(weights.get_tensor(name).equal(export.get_tensor(name)) for name in names)

@@ -13,7 +13,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from app.config import ConfigError, HardwareKind, MonitorMode, PrecisionMode, RunConfig, Tracker
 from app.launching.validate import validate
-from app.tasks import TASK_SCHEMAS, DigitsConfig
+from app.tasks import TASK_SCHEMAS, CausalLMConfig, DigitsConfig
 from tests.conftest import CONF_DIR, REPO, compose_config, compose_many, run_app
 
 OPTIONS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
@@ -49,6 +49,9 @@ def test_every_option_combination_composes():
         assert cfg.scheduler._target_.endswith(f"{scheduler}_with_warmup")
     for task, cfg in zip(OPTIONS["task"], configs[len(combos):]):
         assert cfg.task.name == task
+        # The language-model tasks train the steps asked for (issue 51): early stopping only when asked.
+        language_model = isinstance(cfg.task, CausalLMConfig)
+        assert (cfg.early_stopping.patience is None) == language_model, task
         # Each task option names a schema of ours (the GLUE presets: text_classification's).
         assert type(cfg.task) in TASK_SCHEMAS.values()
         assert type(cfg.task) is TASK_SCHEMAS["text_classification" if task.startswith("glue_") else task]
@@ -63,6 +66,7 @@ def test_command_line_beats_task_recipe():
     assert compose_config().optim.lr == pytest.approx(3e-3)  # digits' recipe
     assert compose_config("optim.lr=1e-4").optim.lr == pytest.approx(1e-4)
     assert compose_config("task=glue_mrpc").optim.lr == pytest.approx(2e-5)
+    assert compose_config("task=dpo", "early_stopping.patience=3").early_stopping.patience == 3
 
 
 @pytest.mark.parametrize("override, error", [

@@ -205,11 +205,16 @@ def fill(command: DocCommand, fx: dict[str, Path]) -> str:
 
 def entry_argv(argv: list[str]) -> list[str]:
     """The command line as ``python -m app`` rewrites it before Hydra (the first steps of ``app.cli.argv.STEPS``): the config
-    folder as a search path, a task sweep's task keys, ``resume=<path>``'s run folder and overrides.
+    folder as a search path, a list key's bare value, a task sweep's task keys, ``resume=<path>``'s run folder and overrides.
     (torchrun's agreement on a run folder needs the running ranks; SLURM's layout, the environment.)"""
-    from app.cli.argv import argv_for_resume, config_dir_as_searchpath, task_keys_of_a_task_sweep
+    from app.cli.argv import (
+        argv_for_resume,
+        bare_values_as_lists,
+        config_dir_as_searchpath,
+        task_keys_of_a_task_sweep,
+    )
 
-    return argv_for_resume(task_keys_of_a_task_sweep(config_dir_as_searchpath(argv)))
+    return argv_for_resume(task_keys_of_a_task_sweep(bare_values_as_lists(config_dir_as_searchpath(argv))))
 
 
 def jobs_of(overrides: list[str], multirun: bool) -> list[list[str]]:

@@ -116,6 +116,7 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: task.reference=base is the model with its LoRA adapters disabled, and this run has none: give "
         "adapter=lora, or task.reference=copy or precomputed.")
+    assert not (prefs / "no").exists()  # refused at start-up: no metrics.jsonl, no tensorboard/ left behind
 
 
 def test_an_ultrafeedback_binarized_file_trains(prefs):
@@ -380,3 +381,7 @@ def test_a_sweep_runs_one_dpo_job_per_beta(prefs):
         assert f"task.beta={beta}" in (sweep / job / ".hydra" / "overrides.yaml").read_text()
         assert "eval/rewards/accuracies" in rows(sweep / job)[-1]
         assert f"β = {beta}" in (sweep / job / "model" / "README.md").read_text()
+    # eval/loss scales with beta: the report says its "best" is no best model, and which metric compares.
+    assert ("**Not comparable:** eval/loss does not compare across task.beta (its value changes eval/loss's "
+            "scale), so the best by it is not the best model; rank by one that does: "
+            "early_stopping.monitor=eval/rewards/accuracies (docs/dpo.md).") in (sweep / "sweep.md").read_text()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -90,11 +91,18 @@ def test_a_packed_run_on_two_processes_trains_evaluates_and_exports(tmp_path):
             cwd=tmp_path, check=True, timeout=300)
     log = (run / "app.log").read_text()
     assert "packed: 43 training pairs into" in log and "rows of 256 tokens" in log
+    # The data line says the held-out pairs, and the counts are pairs, not packed rows (issue 51).
+    assert "data: train: 48 pairs of " in log and "; evaluation: 5 of them held out (task.eval_fraction=0.1, " \
+        "task.split_seed=0);" in log
+    card = (run / "model" / "README.md").read_text()
+    assert re.search(r"\| train \| 43 \(in \d+ packed rows\) \|", card) and re.search(
+        r"\| evaluation \| 5 \(in \d+ packed rows\) \|", card), card
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     first = next(r for r in metrics if "train/loss" in r)
     assert first["step"] == 1 and abs(first["train/loss"] - math.log(2)) < 1e-6
     last = [r for r in metrics if "eval/loss" in r][-1]
     assert {"eval/rewards/accuracies", "eval/logps/chosen"} <= set(last) and math.isfinite(last["eval/loss"])
+    assert last["eval/num_samples"] == 5  # the pairs the evaluation rows hold
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(run / "model").config.vocab_size > 0

@@ -136,7 +136,8 @@ def test_the_example_config_is_checked_as_ours_is(example, monkeypatch):
                          "classes, class_separation, data_seed, eval_fraction, hidden_sizes, dropout.",
         "task.classes=1": "task.classes must be 2 or more, got 1.",
         # Hydra's refusal of a typo (before the task's package is imported), in our words.
-        "task.hiden=3": "unknown configuration key task.hiden; python -m app --cfg job lists the keys.",
+        "task.hiden=3": f"unknown configuration key task.hiden; python -m app --config-dir {example / 'conf'} "
+                        "task=tabular --cfg job lists the keys.",
     }
     procs = {override: start(example, "task=tabular", override, f"hydra.run.dir=refused_{i}")
              for i, override in enumerate(cases)}  # side by side, to save time

@@ -4,6 +4,7 @@ exclusive lock that a second run is refused by and that a SIGKILLed run's succes
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -60,6 +61,25 @@ def test_a_used_run_folder_is_never_clobbered(tmp_path):
     # The accepted resume of the new run does not carry overwrite=true along.
     run_app(f"resume={run}", "trainer.max_steps=2", cwd=tmp_path, check=True)
     assert "overwrite" not in (run / ".hydra" / "overrides.yaml").read_text()
+
+
+@pytest.mark.timeout(200)
+def test_a_start_refused_once_training_runs_leaves_nothing_and_the_retry_runs(tmp_path):
+    """A refusal that comes after the trackers opened ``metrics.jsonl`` and ``tensorboard/`` (a rule only
+    the first step can check: APP_FAIL_MODE=refuse stands for it) takes them back with the folder, so the
+    same command into the same folder is a new run, not "already holds a run"."""
+    run = tmp_path / "run"
+    args = (*ARGS, "logging.trackers=[tensorboard]", f"hydra.run.dir={run}")
+    refused(run_app(*args, cwd=tmp_path, env={"APP_FAIL_AT_STEP": "1", "APP_FAIL_MODE": "refuse"}),
+            "injected refusal on rank 0 at step 1")
+    assert not run.exists()
+    run_app(*args, cwd=tmp_path, check=True)
+    assert (run / "tensorboard").is_dir() and json.loads((run / "result.json").read_text())["steps"] == 2
+    # A run that ended before its first checkpoint (a crash) keeps its folder; resume= is not offered for it.
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / "metrics.jsonl").write_text('{"step": 1}\n')
+    message = refused(run_app(*ARGS, f"hydra.run.dir={tmp_path / 'crashed'}", cwd=tmp_path), "already holds a run")
+    assert "it has no checkpoint to resume; choose a new folder, or pass overwrite=true" in message, message
 
 
 @pytest.mark.signals

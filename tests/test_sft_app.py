@@ -10,6 +10,7 @@ stop the run with one sentence (exit 2). One optimizer step is the same at batch
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,11 @@ def eval_rows(run: Path) -> list[dict]:
 def test_a_packed_run_learns_the_answers(chat_run):
     rows = eval_rows(chat_run)
     assert len(rows) == 6
+    # Counted in conversations, not in the packed rows that hold them (issue 51).
+    assert all(row["eval/num_samples"] == 40 for row in rows)
+    card = (chat_run / "model" / "README.md").read_text()
+    assert re.search(r"\| train \| 400 \(in \d+ packed rows\) \|", card), card
+    assert re.search(r"\| evaluation \| 40 \(in \d+ packed rows\) \|", card), card
     first, last = rows[0], rows[-1]
     assert last["eval/loss"] < 0.7 * first["eval/loss"] and last["eval/perplexity"] < 2.5
     assert last["eval/token_accuracy"] > first["eval/token_accuracy"]
@@ -96,6 +102,10 @@ def test_the_model_card_and_log_say_what_was_learnt(chat_run):
     assert "| trained on | assistant tokens, packed |" in card
     log = (chat_run / "app.log").read_text()
     assert "data: train: 400 conversations of" in log and "packed: 400 training conversations into" in log
+    # The start says the run trains every step asked for (no early stopping by default) and what model/ gets.
+    assert ("early stopping: off, every step asked for is trained (early_stopping.patience=N stops after N "
+            "evaluations without a better eval/loss); model/: the best evaluation by eval/loss (lowest; "
+            "checkpoint.export=last: the final weights)") in log
 
 
 @pytest.mark.parametrize(("rows", "expected"), [
@@ -115,6 +125,17 @@ def test_bad_data_stops_the_run_with_one_sentence(tmp_path, chat_data, rows, exp
     last = proc.stderr.strip().splitlines()[-1]
     assert "Traceback" not in proc.stderr and last.startswith("error: ") and expected in last, last
     assert last.endswith("train on the others with task.bad_rows=skip (each then written to <run>/skipped_rows.jsonl).")
+
+
+def test_train_on_completion_on_conversations_is_refused_once_the_format_is_found(tmp_path, chat_data):
+    """task.format=auto finds messages: a completion to learn is none of theirs (it was accepted in silence)."""
+    proc = run_app("task=sft", f"task.config={chat_data / 'base'}", "task.chat_template=chatml",
+                   f"task.data_files.train={chat_data / 'chat.jsonl'}", "task.train_on=completion",
+                   f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "run").exists(), proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: task.train_on=completion needs prompt/completion pairs, and {chat_data / 'chat.jsonl'} holds "
+        "conversations (messages); use task.train_on=assistant (every assistant turn) or last_assistant.")
 
 
 def test_an_unusable_template_stops_the_run_with_one_sentence(tmp_path, chat_data):

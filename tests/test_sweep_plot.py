@@ -1,14 +1,16 @@
 """``sweep.png``: each job's curve is labelled by its swept values (not its number), and log-spaced
 values sit on a log axis (``-m optim.lr=1e-3,3e-3,1e-2``); an Optuna search's axes follow its search
-space; the legends cover no curve and stay inside the image, and no two tick labels overlap."""
+space; the legends cover no curve and stay inside the image, and no two tick labels overlap. A run's
+``report.png`` draws each scale in a panel of its own (DPO's log-probabilities apart from its accuracies)."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
-from app.report.collect import JobRow, best_row
-from app.report.plots import log_scale, plot_sweep, sweep_figure
+from app.report.collect import JobRow, best_row, not_comparable
+from app.report.plots import log_scale, metric_panels, plot_sweep, run_figure, sweep_figure
 
 
 def grid_rows(tmp_path: Path) -> list[JobRow]:
@@ -87,3 +89,44 @@ def test_an_optuna_search_keeps_its_legends_off_the_curves_and_no_tick_labels_ov
             (ax.get_xlabel(), [t.get_text() for t in labels])
         assert all(fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1 for box in boxes)
         assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"best (job {best.job})"]
+
+
+def test_a_dpo_runs_report_draws_each_scale_in_its_own_panel(tmp_path):
+    """Log-probabilities (about -68) and accuracies (0 to 1) never share an axis; rewards and accuracies,
+    on one scale, do; perplexity is apart from token accuracy."""
+    rows = [{"step": step, "train/loss": 0.69 - step / 100} for step in (10, 20)]
+    for step, accuracy in ((5, 0.7), (10, 0.875), (20, 0.96)):
+        rows.append({"step": step, "eval/loss": 0.69 - step / 100, "eval/rewards/chosen": step / 200,
+                     "eval/rewards/rejected": -step / 300, "eval/rewards/margins": step / 120,
+                     "eval/rewards/accuracies": accuracy, "eval/logps/chosen": -68 + step / 50,
+                     "eval/logps/rejected": -68 - step / 40, "eval/num_samples": 24})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    fig = run_figure(tmp_path)
+    drawn = {ax.get_title(): sorted(line.get_label() for line in ax.get_lines()) for ax in fig.axes if ax.get_visible()}
+    assert drawn == {"loss": ["eval/loss", "train/loss"],
+                     "eval/logps/…": ["eval/logps/chosen", "eval/logps/rejected"],
+                     "eval/rewards/…": ["eval/rewards/accuracies", "eval/rewards/chosen", "eval/rewards/margins",
+                                        "eval/rewards/rejected"]}, drawn
+    assert metric_panels({"eval/perplexity": [585.1, 40.2], "eval/token_accuracy": [0.0, 0.31]}) == {
+        "eval/token_accuracy": ["eval/token_accuracy"], "eval/perplexity": ["eval/perplexity"]}
+    assert metric_panels({"eval/accuracy": [0.9], "eval/f1": [0.8], "eval/rewards/margins": [12.0],
+                          "eval/rewards/accuracies": [1.0]}) == {
+        "evaluation metrics": ["eval/accuracy", "eval/f1"], "eval/rewards/accuracies": ["eval/rewards/accuracies"],
+        "eval/rewards/margins": ["eval/rewards/margins"]}
+
+
+def test_a_sweep_says_when_its_objective_does_not_compare_across_what_it_sweeps(tmp_path):
+    """task=dpo's eval/loss across task.beta (or task.loss_type...) names no best model; its
+    eval/rewards/accuracies does; a key that does not scale the monitor (optim.lr) is no reason."""
+    def dpo_rows(key: str, values: tuple[str, ...], monitor: str = "eval/loss") -> list[JobRow]:
+        return [JobRow(folder=tmp_path / str(job), job=job, overrides=[f"{key}={value}"], status="finished",
+                       monitor=monitor, mode="min", best=0.5 + job / 10, best_step=4, steps=4, wall_time_s=1.0,
+                       task="dpo") for job, value in enumerate(values)]
+
+    assert not_comparable(dpo_rows("task.beta", ("0.1", "0.5"))) == (
+        "eval/loss does not compare across task.beta (its value changes eval/loss's scale), so the best by it is "
+        "not the best model; rank by one that does: early_stopping.monitor=eval/rewards/accuracies (docs/dpo.md).")
+    assert "across task.loss_type" in not_comparable(dpo_rows("task.loss_type", ("sigmoid", "ipo")))
+    assert not_comparable(dpo_rows("task.beta", ("0.1", "0.5"), monitor="eval/rewards/accuracies")) is None
+    assert not_comparable(dpo_rows("optim.lr", ("1e-6", "1e-5"))) is None
+    assert not_comparable(grid_rows(tmp_path)) is None  # digits: nothing scales its accuracy

@@ -34,7 +34,8 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     # 100 columns: the bar's last line, with why training stopped, is longer than that.
     screen, coloured = run_in_terminal(
         tmp_path, "hydra.run.dir=run", "trainer.max_epochs=5", "trainer.eval_every_n_steps=10",
-        "early_stopping.patience=1", "early_stopping.min_delta=1", "logging.trackers=[]", width=100)
+        "early_stopping.patience=1", "early_stopping.min_delta=1", "logging.trackers=[]", "logging.print_config=true",
+        width=100)
     assert "EXIT=0" in screen, screen
     lines = [line.rstrip() for line in screen.splitlines() if line.strip()]
     log_lines = [line for line in lines if LOG_LINE.search(line)]
@@ -60,7 +61,7 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     # ... the step of the best, and the run's mean throughput (no MFU on a CPU: its peak is in no table).
     assert re.search(r"best eval/accuracy = \d\.\d{4} \(step \d+\); throughput mean \d+ samples/s, MFU n/a$",
                      stopped), stopped
-    # At start: the config as a tree (coloured on this terminal, plain in the run folder) and the model.
+    # At start, asked for: the config as a tree (coloured on this terminal, plain in the run folder) and the model.
     assert "├── trainer" in screen and "│   ├── max_epochs: 5" in screen
     assert re.search(r"\x1b\[[0-9;]*m(\x1b\[[0-9;]*m)?trainer", coloured)  # colours on a terminal
     # Each checkpoint's line (saved, rotated) is in app.log, relative to the run folder, not on the terminal.
@@ -70,6 +71,27 @@ def test_log_lines_never_land_on_the_bar_and_the_bar_says_why_it_stopped(tmp_pat
     summary = next(line for line in log_lines if "parameters (" in line)
     assert re.search(r"training digits on 1 process\(es\); model MLP: [\d,]+ parameters \([\d,]+ trainable, "
                      r"100 %; 0 frozen\), [\d.]+ MB; hardware cpu on cpu, precision no, 1 thread \(small model\)", summary), summary
+
+
+@pytest.mark.timeout(150)
+def test_a_two_step_sft_run_shows_its_overrides_and_where_the_config_is_not_the_tree(tmp_path):
+    """The SFT example for 2 steps fits a screen: the config is one line with the overrides (the tree, 99
+    lines of it, is in app.log and the values in .hydra/config.yaml)."""
+    example = REPO / "examples" / "sft_chat"
+    screen, _ = run_in_terminal(tmp_path, "task=sft", f"task.config={example / 'tiny-chat-llama'}",
+                                f"task.data_files.train={example / 'chat.jsonl'}", "trainer.max_steps=2",
+                                "logging.trackers=[]", "hydra.run.dir=run")
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert lines[-1] == "EXIT=0", screen
+    assert len(lines) <= 12 and not [line for line in lines if line[:1] in "│├└"], screen
+    config = [line for line in lines if "[app][INFO] - config: " in line]
+    assert len(config) == 1 and config[0].endswith(
+        f"config: the defaults with task=sft task.config={example / 'tiny-chat-llama'} task.data_files.train="
+        f"{example / 'chat.jsonl'} trainer.max_steps=2 logging.trackers=[] (the whole config: .hydra/config.yaml and "
+        "app.log in the run folder; logging.print_config=true prints it here)"), config
+    log = (tmp_path / "run" / "app.log").read_text()
+    assert "[app][DEBUG] - config\n├── task\n│   ├── name: sft\n" in log and "│   ├── max_steps: 2\n" in log
+    assert "max_steps: 2" in (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
 
 
 def test_config_tree_is_plain_when_not_on_a_terminal():
@@ -143,12 +165,16 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
     text = log_file.read_text()
     assert proc.returncode == 0, text[-3000:]
     assert "\r" not in text and "\x1b" not in text, repr(text[-2000:])  # no bar redraws, no colours
-    assert "├── trainer" in text  # the config tree, plain
+    # The config in one line, its tree in app.log (logging.print_config=false, the default).
+    assert "├── trainer" not in text and "├── trainer" in (tmp_path / "run" / "app.log").read_text()
+    assert re.search(r"\]\[app\]\[INFO\] - config: the defaults with trainer\.max_epochs=2 logging\.trackers=\[\] "
+                     r".* \(the whole config: \.hydra/config\.yaml and app\.log in the run "
+                     r"folder; logging\.print_config=true prints it here\)$", text, re.MULTILINE), text[:3000]
     # The bar became one line per tenth of the 90 steps, each at a log step, with that step's loss.
     progress = re.findall(r"\[app\.engine\.progress\]\[INFO\] - train: (\d+)/90 steps \(\d+%\), loss=\d\.\d{4}, "
                           r"\d+ samples/s$", text, re.MULTILINE)
     assert [int(step) for step in progress] == list(range(10, 91, 10)), text[-3000:]
-    assert all(LOG_LINE.match(line) or line[:1] in "c│├└" for line in text.splitlines()), text[-3000:]
+    assert all(LOG_LINE.match(line) for line in text.splitlines()), text[-3000:]
     # The epochs' checkpoint lines, relative to the run folder, are in app.log only (issue 29, item 10).
     assert "checkpoint_" not in text, text[-3000:]
     details = re.findall(r"\]\[DEBUG\] - (.*checkpoint_.*)$", (tmp_path / "run" / "app.log").read_text(), re.MULTILINE)
@@ -158,21 +184,21 @@ def test_a_run_redirected_to_a_file_writes_plain_lines_without_redraws_or_colour
 
 
 @pytest.mark.timeout(180)
-def test_a_sweep_prints_the_config_tree_once_and_its_details_only_to_each_jobs_log(tmp_path):
+def test_a_sweep_keeps_each_jobs_config_tree_and_details_to_its_log(tmp_path):
     # Hydra's basic launcher runs the three jobs one after another in one process; a checkpoint every 5
     # steps gives each job its saved/removed lines (DEBUG), which once reached the terminal from job 1 on.
     screen, _ = run_in_terminal(
         tmp_path, "-m", "optim.lr=1e-3,3e-3,1e-2", "trainer.max_epochs=-1", "trainer.max_steps=20",
         "checkpoint.every_n_steps=5", "checkpoint.total_limit=1", "logging.trackers=[]", "hydra.sweep.dir=sweep")
     assert "EXIT=0" in screen, screen[-3000:]
-    assert screen.count("├── trainer") == 1, screen  # job 0's tree
+    assert "├── trainer" not in screen and "config: the defaults" not in screen, screen  # the trees: in the logs
     assert [re.search(r"#(\d) : optim\.lr=", line).group(1) for line in screen.splitlines() if " : optim.lr=" in line] \
         == ["0", "1", "2"]  # then each job's overrides (Hydra's launcher line)
     assert "DEBUG" not in screen and "checkpoint_" not in screen, screen
     for job in ("0", "1", "2"):
         log = (tmp_path / "sweep" / job / "app.log").read_text()
         assert "[DEBUG] - saved checkpoint checkpoints/checkpoint_3 (step 20)" in log, log
-        assert ("├── trainer" in log) == (job != "0"), log  # a later job's tree: in its own log
+        assert "├── trainer" in log, log  # each job's tree: in its own log
 
 
 @pytest.mark.timeout(300)

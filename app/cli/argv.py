@@ -3,13 +3,15 @@ function from the arguments (without the program) to the arguments to go on with
 
 1. :func:`config_dir_as_searchpath`: ``--config-dir DIR`` becomes the override
    ``hydra.searchpath=[file://DIR]`` (first, so that the rewrites below, which reorder overrides, keep it);
-2. :func:`task_keys_of_a_task_sweep`: in a sweep over tasks, ``task.<key>=v`` becomes ``++task.<key>=v``;
-3. :func:`argv_for_resume`: ``resume=<path>`` becomes the original run's overrides, the new ones and
+2. :func:`bare_values_as_lists`: a bare value given to a list key (``adapter.target_modules=all-linear``)
+   becomes a list of one (``[all-linear]``);
+3. :func:`task_keys_of_a_task_sweep`: in a sweep over tasks, ``task.<key>=v`` becomes ``++task.<key>=v``;
+4. :func:`argv_for_resume`: ``resume=<path>`` becomes the original run's overrides, the new ones and
    its run folder (a requeued SLURM job gets ``resume=auto``);
-4. :func:`slurm_task_as_rank`: no rewrite: a task of an ``srun`` step exports its rank the way torchrun
+5. :func:`slurm_task_as_rank`: no rewrite: a task of an ``srun`` step exports its rank the way torchrun
    would (before the next step, which reads it);
-5. :func:`argv_for_rank`: inside torchrun, every rank gets the one run folder rank 0 chose;
-6. :func:`claim_from_argv`: a run folder the command line now names is checked and locked before Hydra
+6. :func:`argv_for_rank`: inside torchrun, every rank gets the one run folder rank 0 chose;
+7. :func:`claim_from_argv`: a run folder the command line now names is checked and locked before Hydra
    writes into it (last: the steps above name it); a resume into it defers Hydra's ``.hydra/`` record.
 
 A step refuses bad input by raising :class:`~app.config.ConfigError` (one sentence, exit 2) before any
@@ -24,7 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 from app import this_process
-from app.cli.configure import CONF_DIR
+from app.cli.configure import CONF_DIR, list_keys
 from app.config import ConfigError
 from app.engine.checkpoint_resume import exported_model_of, is_model_folder
 from app.launching.overrides import override_key, quote, unquote
@@ -67,7 +69,31 @@ def config_dir_as_searchpath(argv: list[str]) -> list[str]:
     return [*out, f"hydra.searchpath=[{paths}]"]
 
 
-# -- 2. a sweep over tasks --------------------------------------------------------------------------------------
+# -- 2. a list given one value --------------------------------------------------------------------------------
+_NOT_A_BARE_VALUE = ("[", "null", "None", "${")
+_SWEEP_FUNCTIONS = ("choice(", "range(", "interval(", "glob(", "sort(", "shuffle(", "tag(")
+
+
+def bare_values_as_lists(argv: list[str]) -> list[str]:
+    """A bare value given to a key whose value is a list (``adapter.target_modules=all-linear``,
+    ``logging.trackers=wandb``) as a list of that one value (``[all-linear]``), which is what peft's and
+    the other tools' own option means; Hydra would refuse the string for a list. A list, null, an
+    interpolation, and in a sweep a comma or a sweep function, are left as they are."""
+    keys = list_keys()
+    multirun = is_multirun(argv)
+    out = []
+    for arg in argv:
+        key = override_key(arg)
+        if key in keys and "=" in arg and not arg.startswith("~"):
+            name, value = arg.split("=", 1)
+            sweep = multirun and ("," in value or value.startswith(_SWEEP_FUNCTIONS))
+            if value.strip() and not value.startswith(_NOT_A_BARE_VALUE) and not sweep:
+                arg = f"{name}=[{value}]"
+        out.append(arg)
+    return out
+
+
+# -- 3. a sweep over tasks --------------------------------------------------------------------------------------
 def task_keys_of_a_task_sweep(argv: list[str]) -> list[str]:
     """In a sweep over tasks (``-m task=glue_cola,glue_rte``), ``task.<key>=value`` as
     ``++task.<key>=value``. Hydra first composes a multirun's config with the default of each swept
@@ -82,7 +108,7 @@ def task_keys_of_a_task_sweep(argv: list[str]) -> list[str]:
     return [f"++{arg}" if arg.startswith("task.") and "=" in arg else arg for arg in argv]
 
 
-# -- 3. resume= --------------------------------------------------------------------------------------------------
+# -- 4. resume= --------------------------------------------------------------------------------------------------
 def argv_for_resume(argv: list[str]) -> list[str]:
     """``resume=<path>``: continue the original run folder, before Hydra creates a new one. When the path
     names a checkpoint, a ``checkpoints/`` folder or a run folder, the arguments become: the original run's
@@ -139,7 +165,7 @@ def argv_for_resume(argv: list[str]) -> list[str]:
     return earlier + argv + config_dir + ([] if evaluating else [f"hydra.run.dir={quote(str(run_folder))}"])
 
 
-# -- 4. a SLURM task -------------------------------------------------------------------------------------------
+# -- 5. a SLURM task -------------------------------------------------------------------------------------------
 def slurm_task_as_rank(argv: list[str]) -> list[str]:
     """``srun -n N python -m app ...``: each SLURM task is one rank, its layout exported as torchrun would
     (``app.launching.slurm``); a sweep's command line is left to the sweep's own launcher."""
@@ -148,7 +174,7 @@ def slurm_task_as_rank(argv: list[str]) -> list[str]:
     return argv
 
 
-# -- 5. torchrun's ranks ---------------------------------------------------------------------------------------
+# -- 6. torchrun's ranks ---------------------------------------------------------------------------------------
 # Hydra settings that ranks other than 0 replace with "write nothing".
 _RANK0_ONLY = ("hydra.output_subdir", "hydra/job_logging", "hydra/hydra_logging")
 _STORE_TIMEOUT_S = 300.0
@@ -222,7 +248,7 @@ def _planned_run_dir(argv: list[str], conf_dir: Path) -> str:
         return datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")
 
 
-# -- 6. the named run folder ---------------------------------------------------------------------------------
+# -- 7. the named run folder ---------------------------------------------------------------------------------
 def claim_from_argv(argv: list[str]) -> list[str]:
     """When the command line names the run folder (``hydra.run.dir=...``, as a resume and torchrun do),
     check it, lock it, and, when resuming into an existing folder, defer Hydra's ``.hydra/`` record until
@@ -259,6 +285,6 @@ def _value(argv: list[str], key: str) -> str | None:
     return value
 
 
-STEPS: tuple[Rewrite, ...] = (config_dir_as_searchpath, task_keys_of_a_task_sweep, argv_for_resume,
-                              slurm_task_as_rank, argv_for_rank, claim_from_argv)
+STEPS: tuple[Rewrite, ...] = (config_dir_as_searchpath, bare_values_as_lists, task_keys_of_a_task_sweep,
+                              argv_for_resume, slurm_task_as_rank, argv_for_rank, claim_from_argv)
 """The rewrites, in the order they run (the module docstring says why this order)."""

@@ -40,25 +40,48 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 """The app's Hydra config folder (``conf/``, beside ``app/``)."""
 
 
+SCHEMA_SUFFIX = "_schema"
+"""The end of a schema's name in the ConfigStore (``lora_schema``), which sets it apart from the options."""
+
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "hardware": {"hardware_schema": HardwareConfig},
+    "precision": {"precision_schema": PrecisionConfig},
+    "optim": {"adamw_schema": AdamWConfig, "sgd_schema": SGDConfig},
+    "scheduler": {"scheduler_schema": SchedulerConfig},
+    "trainer": {"trainer_schema": TrainerConfig},
+    "checkpoint": {"checkpoint_schema": CheckpointConfig},
+    "early_stopping": {"early_stopping_schema": EarlyStoppingConfig},
+    "logging": {"logging_schema": LoggingConfig},
+    "adapter": {"adapter_schema": AdapterConfig, "lora_schema": LoraAdapterConfig},
+    "task": {f"{name}_schema": schema for name, schema in TASK_SCHEMAS.items()},
+}
+"""Each config group's schemas by the name a YAML option extends (``defaults: [lora_schema]``)."""
+
+
 def register_configs() -> None:
     """Put the schemas in Hydra's ConfigStore; YAML options extend them by name."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="hardware", name="hardware_schema", node=HardwareConfig)
-    cs.store(group="precision", name="precision_schema", node=PrecisionConfig)
-    cs.store(group="optim", name="adamw_schema", node=AdamWConfig)
-    cs.store(group="optim", name="sgd_schema", node=SGDConfig)
-    cs.store(group="scheduler", name="scheduler_schema", node=SchedulerConfig)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-    cs.store(group="checkpoint", name="checkpoint_schema", node=CheckpointConfig)
-    cs.store(group="early_stopping", name="early_stopping_schema", node=EarlyStoppingConfig)
-    cs.store(group="logging", name="logging_schema", node=LoggingConfig)
-    cs.store(group="adapter", name="adapter_schema", node=AdapterConfig)
-    cs.store(group="adapter", name="lora_schema", node=LoraAdapterConfig)
-    for name, schema in TASK_SCHEMAS.items():
-        cs.store(group="task", name=f"{name}_schema", node=schema_node(schema))
+    for group, schemas in GROUP_SCHEMAS.items():
+        for name, schema in schemas.items():
+            cs.store(group=group, name=name, node=schema_node(schema))
     register_grid_sweeper(cs)
     OmegaConf.register_new_resolver("app.parallel_jobs", parallel_jobs, replace=True)
+
+
+def list_keys() -> frozenset[str]:
+    """The dotted keys whose value is a list in every schema that has them (``adapter.target_modules``,
+    ``logging.trackers``, ``task.text_fields``...): a bare value given to one is a list of one."""
+    lists: set[str] = set()
+    others: set[str] = set()
+    for group, schemas in GROUP_SCHEMAS.items():
+        for schema in schemas.values():
+            hints = typing.get_type_hints(schema)
+            for f in dataclasses.fields(schema):
+                is_list = list in (typing.get_origin(hints[f.name]),
+                                   *(typing.get_origin(a) for a in typing.get_args(hints[f.name])))
+                (lists if is_list else others).add(f"{group}.{f.name}")
+    return frozenset(lists - others)
 
 
 def schema_node(schema: type) -> DictConfig:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml  # type: ignore[import-untyped]
 
-from app.cli.hydra_errors import SCHEMA_SUFFIX
+from app.cli.configure import SCHEMA_SUFFIX
 from app.config import RunConfig
 from app.console.config_tree import scalar_text
 
@@ -97,7 +97,8 @@ def _task_recipe(conf_dir: Path, task: str | None) -> dict[str, dict[str, object
     return {group: values for group, values in loaded.items() if group != "task" and isinstance(values, dict)}
 
 
-def _defaults(conf_dir: Path) -> dict[str, str | None]:
+def default_options(conf_dir: Path) -> dict[str, str | None]:
+    """Each group's default option, as ``conf/config.yaml``'s defaults list chooses it."""
     loaded = yaml.safe_load((conf_dir / "config.yaml").read_text(encoding="utf-8"))
     chosen: dict[str, str | None] = {}
     for item in loaded.get("defaults", []):
@@ -123,7 +124,8 @@ def _keys(group: str, option: Path | None) -> list[str]:
 
 def _schema_keys(stored: str) -> list[str]:
     """The keys of a schema in Hydra's ConfigStore (filled by ``app.cli.configure.register_configs``), a
-    nested dataclass's dotted; a task's ``name`` (set by its option) is left out."""
+    nested dataclass's dotted; a task's ``name`` (set by its option) is left out, and so are the keys it
+    inherits but does not use (``TaskConfig.UNUSED``: task=dpo's ``task.sample_prompts``)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import DictConfig, OmegaConf
 
@@ -137,7 +139,9 @@ def _schema_keys(stored: str) -> list[str]:
                 keys.append(f"{prefix}{key}")
         return keys
 
-    return walk(ConfigStore.instance().load(f"{stored}.yaml").node, "")
+    node = ConfigStore.instance().load(f"{stored}.yaml").node
+    unused = getattr(OmegaConf.get_type(node), "UNUSED", {})
+    return [key for key in walk(node, "") if key not in unused]
 
 
 def _examples(readme: Path) -> list[str]:
@@ -168,9 +172,24 @@ def chosen_options(argv: list[str], conf_dir: Path) -> dict[str, str]:
     return {group: option for group, option in pairs if group in groups}
 
 
+def run_keys(conf_dir: Path, picked: dict[str, str] | None = None) -> list[str]:
+    """Every key of the run these options compose (``task.block_size``, ``trainer.batch_size``, ``seed``...),
+    each group's from the schema its chosen option names (``picked`` over the defaults)."""
+    defaults = {**default_options(conf_dir), **(picked or {})}
+    keys = []
+    for f in dataclasses.fields(RunConfig):
+        if f.name not in defaults:
+            keys.append(f.name)
+            continue
+        option = defaults[f.name]
+        if option is not None and "," not in option:
+            keys += [f"{f.name}.{key}" for key in _keys(f.name, conf_dir / f.name / f"{option}.yaml")]
+    return keys
+
+
 def app_help(conf_dir: Path, picked: dict[str, str] | None = None) -> str:
     """The help text; ``picked``: options the command line chooses (``{"task": "causal_lm"}``) over the defaults."""
-    defaults = {**_defaults(conf_dir), **(picked or {})}
+    defaults = {**default_options(conf_dir), **(picked or {})}
     recipe = _task_recipe(conf_dir, defaults.get("task"))
     out = [USAGE, "Config groups (group=option); the default is marked *:"]
     group_dirs = {p.parent.relative_to(conf_dir).as_posix() for p in conf_dir.rglob("*.yaml") if p.parent != conf_dir}

@@ -39,6 +39,7 @@ from app.console.logs import (
 )
 from app.console.output import announce, enter_sweep_job, protect_output
 from app.interrupts import Interrupted, RunInterrupted
+from app.launching.overrides import override_key
 from app.run_folder.claims import CLAIMS
 from app.run_folder.layout import HYDRA_CONFIG, HYDRA_OVERRIDES, HYDRA_SETTINGS, log_file, mlflow_store
 from app.run_folder.undo import RunFolderUndo
@@ -64,7 +65,7 @@ def main(dict_cfg: DictConfig) -> float | None:
             parent: Any = cfg
             for part in unknown[0].split(".")[:-1]:
                 parent = getattr(parent, part)
-            fail(unknown_key_sentence(unknown[0], parent, added=True))
+            fail(unknown_key_sentence(unknown[0], parent, added=True, **command_choices(list(hydra_cfg.overrides.task))))
         limits_as_given(cfg, list(hydra_cfg.overrides.task))
         with parallel_job_lines(hydra_cfg, run_dir):
             return run_job(cfg, dict_cfg, hydra_cfg, run_dir)
@@ -100,7 +101,8 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
     try:
         if this_process.is_rank_zero():
             CLAIMS.hold(run_dir)  # already held when the command line named the folder
-        result = launch(cfg, run_dir, hydra_record(dict_cfg) if CLAIMS.deferred_record else None)
+        result = launch(cfg, run_dir, hydra_record(dict_cfg) if CLAIMS.deferred_record else None,
+                        list(hydra_cfg.overrides.task))
         ended = read_result(run_dir) or {}
         if ended.get("status") == NAN:
             # A diverged run exported nothing: said once, and not a success (a sweep goes on: the
@@ -188,6 +190,18 @@ def unknown_keys(composed: Any, typed: Any, prefix: str = "") -> list[str]:
     return found
 
 
+def command_choices(args: list[str]) -> dict[str, Any]:
+    """The ``group=option`` choices (``task=sft``) and ``--config-dir`` folders of a command line after its
+    rewrites (a folder is then ``hydra.searchpath=[file://...]``): what composes this run's keys, for the
+    unknown-key sentence's ``python -m app ... --cfg job``."""
+    from app.cli.help import chosen_options
+
+    chosen = {group: option for group, option in chosen_options(args, CONF_DIR).items() if not group.startswith("hydra")}
+    folders = [entry.strip().strip("'\"") for arg in args if override_key(arg) == "hydra.searchpath" and "=" in arg
+               for entry in arg.split("=", 1)[1].strip("[]").split(",")]
+    return {"chosen": chosen, "config_dirs": tuple(f.removeprefix("file://") for f in folders if f.startswith("file://"))}
+
+
 def hydra_record(dict_cfg: DictConfig) -> dict[str, str]:
     """The ``.hydra/`` files Hydra would have written (deferred on resume until it is accepted)."""
     hydra_cfg = HydraConfig.get()
@@ -216,7 +230,7 @@ def run_command_line() -> None:
         main()
     except (ConfigCompositionException, OverrideParseException) as err:
         CLAIMS.abandon()  # a folder made for the command line's claim, still empty: refused, nothing stays
-        fail(composition_sentence(err) if isinstance(err, ConfigCompositionException) else
+        fail(composition_sentence(err, **command_choices(sys.argv[1:])) if isinstance(err, ConfigCompositionException) else
              f"cannot read the override {err.override}: {str(err.message).splitlines()[0].rstrip('.')}.")
     except CompactHydraException as err:
         # A launcher's one sentence for a failed job (hydra/launcher=slurm): said as ours are, exit 1.

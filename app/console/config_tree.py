@@ -1,6 +1,7 @@
-"""The resolved run config as a tree, printed once at start (like the Lightning+Hydra template's
-``print_config``): coloured on a terminal, plain when the output goes to a file (the run folder's
-``.hydra/config.yaml`` keeps the same values).
+"""The resolved run config at start: on the terminal, one line with the command line's overrides and
+where the whole config is (the run folder's ``.hydra/config.yaml``, and the tree in its ``app.log``);
+with ``logging.print_config=true``, the whole config as a tree (like the Lightning+Hydra template's
+``print_config``), coloured on a terminal, plain when the output goes to a file.
 
 Torch-free on purpose: the launcher prints it before any heavy import.
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from app.config import as_plain
 from app.console.logs import in_parallel_job
-from app.console.output import is_terminal, tree_shown_before
+from app.console.output import in_sweep_job, is_terminal, tree_shown_before
 
 _GROUP, _KEY, _RESET = "\033[1;36m", "\033[33m", "\033[0m"
 
@@ -63,3 +65,19 @@ def show_config(cfg: Any, stream: TextIO | None = None) -> None:
         return
     stream = stream or sys.stdout
     print(config_tree(cfg, colour=is_terminal(stream)), file=stream, flush=True)
+
+
+def introduce_config(cfg: Any, overrides: Sequence[str]) -> None:
+    """The config at start: the tree (``logging.print_config=true``: :func:`show_config`), or the tree in
+    the log file only and, on the terminal, one line saying the overrides and where the rest is (a sweep's
+    job says nothing more: Hydra's launcher line gives its overrides)."""
+    if cfg.logging.print_config:
+        show_config(cfg)
+        return
+    log = logging.getLogger("app")
+    log.debug("%s", config_tree(cfg))  # app.log only (app.console.logs.details_to_log_file)
+    if in_sweep_job():
+        return
+    given = f" with {' '.join(overrides)}" if overrides else ""
+    log.info("config: the defaults%s (the whole config: .hydra/config.yaml and app.log in the run folder; "
+             "logging.print_config=true prints it here)", given)

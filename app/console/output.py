@@ -117,6 +117,11 @@ def enter_sweep_job() -> None:
     _sweep_jobs_started += 1
 
 
+def in_sweep_job() -> bool:
+    """Whether this process runs a job of a sweep (whose launcher line says the job's overrides)."""
+    return _sweep_jobs_started > 0
+
+
 def tree_shown_before() -> bool:
     """Whether an earlier job of the sweep this process runs has printed its config tree already."""
     return _sweep_jobs_started > 1

@@ -11,9 +11,13 @@ with checkpoints on), holds them already; otherwise they go to ``checkpoints/bes
 one is complete.
 
 A best's weights are needed while it is the run's best and while a checkpoint that a resume may start
-from records it as its best (the manifest's ``best_step``: that run's export needs it). Rotation never
-removes a checkpoint holding needed weights, and :meth:`BestWeights.prune` removes the folders no longer
-needed, on the main process once a save is complete.
+from records it as its best (the manifest's ``best_step``: that run's export needs it). A checkpoint
+holding needed weights that rotation removes (beyond ``checkpoint.total_limit``) leaves them in
+``checkpoints/best_<step>/`` first (:meth:`BestWeights.keep_from_checkpoint`), so the limit bounds the
+resumable checkpoints and no optimizer state is kept for an export; with ``trainer.ema_decay`` such a
+checkpoint is kept whole (its weight average, not its model's weights, is what was evaluated).
+:meth:`BestWeights.prune` removes the folders no longer needed, on the main process once a save is
+complete.
 """
 
 from __future__ import annotations
@@ -78,6 +82,21 @@ class BestWeights:
         needed = {step for _, manifest in complete_checkpoints(self.root)
                   if isinstance(step := manifest.extra.get(BEST_STEP), int)}
         return needed | ({best_step} if best_step is not None else set())
+
+    @property
+    def keep_from_checkpoint(self) -> Callable[[Path, Manifest], None] | None:
+        """What rotation calls for a checkpoint it removes whose weights are still needed: keeps them as
+        ``best_<step>``. None with a weight average: the checkpoint is kept whole (its model file holds
+        the trained weights, not the averaged ones that were evaluated)."""
+        if self.c.weight_average is not None:
+            return None
+
+        def keep(checkpoint: Path, manifest: Manifest) -> None:
+            kept_in = best.from_checkpoint(self.root, checkpoint, manifest)
+            log.debug("kept the weights of %s (step %d) as %s: a best evaluation still needs them",
+                      checkpoint.name, manifest.step, kept_in.name)
+
+        return keep
 
     def prune(self, needed: set[int]) -> None:
         for removed in best.prune(self.root, needed):

@@ -4,8 +4,8 @@ verified and read lives in ``app/distributed/checkpoint/``.
 
 - :class:`CheckpointPolicy` saves every ``checkpoint.every_n_steps`` optimizer steps and/or at the
   end of every epoch (after its evaluation), then rotates: the ``total_limit`` newest are kept, plus
-  the best by ``early_stopping.monitor`` with ``keep_best``, plus those holding a best evaluation's
-  weights still needed. With ``checkpoint.export=best`` an evaluation that improves on the best keeps
+  the best by ``early_stopping.monitor`` with ``keep_best``; one rotated out while it holds a best
+  evaluation's weights still needed leaves its weights as ``checkpoints/best_<step>`` (not counted). With ``checkpoint.export=best`` an evaluation that improves on the best keeps
   its weights, in ``checkpoints/best_<step>`` when no checkpoint of its step holds them
   (``app.engine.best_weights``). With ``checkpoint.async_save`` a save copies the state and training
   goes on while it is written; rotation runs once it is complete, and the end of training (an
@@ -217,7 +217,9 @@ class CheckpointPolicy:
         a newer best's save waits for this one, so none can be missed."""
         fault_point("before-rotate", folder.name.removeprefix(CHECKPOINT_PREFIX))
         needed = self.best.needed_steps(self.stopper.best_step) if self.best is not None else set()
-        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder, keep_steps=needed):
+        keep_weights = self.best.keep_from_checkpoint if self.best is not None else None
+        for removed in rotate(self.root, self.cfg.total_limit, self.cfg.keep_best, newest=folder, keep_steps=needed,
+                              keep_weights=keep_weights):
             log.debug("removed old checkpoint %s (checkpoint.total_limit=%s)", removed.relative_to(self.run_dir),
                       self.cfg.total_limit)
         if self.best is not None:  # asked again: a checkpoint just rotated away may have recorded an older best
@@ -280,6 +282,7 @@ class CheckpointPolicy:
         final_metric = state.last_metrics.get(monitor) if evaluated else None
         described: dict[str, Any] = {
             "exported": "last", "step": state.global_step, "epoch": state.epoch, "final_step": state.global_step,
+            "final_epoch": state.epoch,
             "metric": None if final_metric is None else {"name": monitor, "value": float(final_metric),
                                                           "mode": self.mode},
             "metrics": evaluation_metrics(state.last_metrics) if evaluated else {},

@@ -6,7 +6,9 @@ non-zero promptly, showing the error, instead of hanging. With ``APP_FAIL_MODE=s
 stops itself with SIGSTOP instead (a hung rank: it can neither fail nor answer SIGTERM). With
 ``APP_FAIL_MODE=hold`` it waits at each step of ``APP_FAIL_AT_STEP=<step>,<step>,...`` until the run
 receives a stop signal (a run held at a known step, so that a test's signal reaches it there,
-whenever it arrives). Unset, it costs nothing per step.
+whenever it arrives). With ``APP_FAIL_MODE=refuse`` it refuses the run's input (a ``ConfigError``, exit 2)
+at that step, as a rule that can only be checked once training runs would: the run folder must then be
+left as it was before the start. Unset, it costs nothing per step.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ def fault_point(rank: int, interrupts: StopSignals | None = None) -> Callable[[i
             while interrupts is not None and interrupts.received is None:
                 time.sleep(0.01)  # the signal handlers run here
             return
+        if mode == "refuse":
+            from app.config import ConfigError
+
+            raise ConfigError(f"injected refusal on rank {rank} at step {step} (APP_FAIL_MODE=refuse).")
         raise InjectedFault(f"injected fault on rank {rank} at step {step} (APP_FAIL_AT_STEP={at_step})")
 
     return check

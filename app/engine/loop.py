@@ -34,7 +34,7 @@ from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.engine.window_metrics import MetricSums, add_sample_metrics, as_floats, logged, on_device
 from app.interrupts import StopSignals, signal_name
-from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples
+from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples, samples_in
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ def evaluate_set(c: Components, loader: Any, suffix: str) -> dict[str, float]:
     if not keep:
         return {}
     metrics = c.task.compute_metrics(torch.cat(logits), torch.cat(labels))
-    return {**metrics, "num_samples": gathered_samples}
+    return {**metrics, "num_samples": samples_in(getattr(loader, "dataset", None), gathered_samples)}
 
 
 def evaluate_sums(c: Components, task: SummedMetrics, loader: Any, suffix: str) -> dict[str, float]:
@@ -243,7 +243,7 @@ def evaluate_sums(c: Components, task: SummedMetrics, loader: Any, suffix: str) 
     counted, expected = int(reduced.pop("num_samples")), loader.total_dataset_length
     if counted != expected:
         raise RuntimeError(f"evaluation summed {counted} samples for {expected}.")
-    return {**task.metrics_from_sums(reduced), "num_samples": counted}
+    return {**task.metrics_from_sums(reduced), "num_samples": samples_in(getattr(loader, "dataset", None), counted)}
 
 
 def fit(c: Components, cfg: RunConfig, state: LoopState, stopper: EarlyStopping,

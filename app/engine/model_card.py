@@ -23,7 +23,7 @@ from app.engine.progress import human
 from app.engine.result import FINISHED, read_result
 from app.engine.run_record import RunRecord, read_run_record
 from app.run_folder.layout import ADAPTER_DIR, metrics_file
-from app.tasks.base import DescribesItself
+from app.tasks.base import DescribesItself, PacksSamples
 
 LICENCE_TODO = ("Not set. Choose the licence under which you share this model; the base model's and the "
                 "training data's own terms apply to it too.")
@@ -59,15 +59,12 @@ def model_card(cfg: RunConfig, c: Components, run_dir: Path, export: dict[str, A
     about.append(("parameters", f"{total:,}, of which {trained:,} trained ({share(trained, total)})"))
     lines += ["## Model", "", *table(("", ""), about), ""]
 
-    # A streamed split has no length: it is read as it comes (task.streaming).
-    sizes = [("train", getattr(c.train_loader, "total_dataset_length", None)),
-             ("evaluation", getattr(c.eval_loader, "total_dataset_length", None))]
-    sizes += [(f"evaluation `{name}`", getattr(loader, "total_dataset_length", None))
-              for name, loader in c.extra_eval_loaders.items()]
+    loaders = [("train", c.train_loader), ("evaluation", c.eval_loader),
+               *((f"evaluation `{name}`", loader) for name, loader in c.extra_eval_loaders.items())]
     lines += ["## Data", ""]
     if "data" in facts:
         lines += [facts["data"], ""]
-    lines += [*table(("split", "samples"), [(name, "streamed" if n is None else f"{n:,}") for name, n in sizes]), ""]
+    lines += [*table(("split", "samples"), [(name, split_size(loader)) for name, loader in loaders]), ""]
 
     lines += ["## Evaluation", ""]
     if evaluation:
@@ -90,6 +87,18 @@ def model_card(cfg: RunConfig, c: Components, run_dir: Path, export: dict[str, A
     lines += ["## How to use", "", *usage(model, adapter, transformers_model), ""]
     lines += ["## License", "", LICENCE_TODO, ""]
     return "\n".join(lines)
+
+
+def split_size(loader: Any) -> str:
+    """A split's samples as the card shows them: ``1,200``; packed, the conversations or pairs, with the
+    rows they fill (``400 (in 61 packed rows)``); ``streamed`` for a stream, which has no length."""
+    rows = getattr(loader, "total_dataset_length", None)
+    if rows is None:
+        return "streamed"
+    dataset = getattr(loader, "dataset", None)
+    if isinstance(dataset, PacksSamples):
+        return f"{dataset.samples_packed():,} (in {rows:,} packed rows)"
+    return f"{rows:,}"
 
 
 def front_matter(cfg: RunConfig, task: str, base: str | None, evaluation: dict[str, float],
@@ -154,7 +163,9 @@ def hyperparameters(cfg: RunConfig, c: Components, export: dict[str, Any], wall_
                      + (f"{s.warmup_steps} steps" if s.warmup_steps else f"{s.warmup_ratio:.0%} of the steps")),
         ("batch", (f"{t.batch_size} per process × {processes} process(es) × {t.gradient_accumulation_steps} "
                   f"accumulation = {t.batch_size * processes * t.gradient_accumulation_steps}")),
-        ("length", (f"{export.get('final_step', export['step'])} optimizer steps, {export.get('epoch', 0)} epoch(s) "
+        # The run's length: its last step and epochs, not those of the exported (best) evaluation.
+        ("length", (f"{export.get('final_step', export['step'])} optimizer steps, "
+                    f"{export.get('final_epoch', export.get('epoch', 0))} epoch(s) "
                    f"completed (trainer.max_epochs={t.max_epochs}, trainer.max_steps={t.max_steps})")),
         ("gradient clipping", f"{t.max_grad_norm:g}" if t.max_grad_norm is not None else "off"),
     ]

@@ -25,7 +25,7 @@ from app.engine.predict import write_test_predictions
 from app.engine.progress import human
 from app.engine.pruning import Pruning
 from app.engine.result import FAILED, FINISHED, INTERRUPTED, NAN, PRUNED, objective, write_result
-from app.engine.summary import model_summary
+from app.engine.summary import model_summary, stopping_summary
 from app.engine.triggers import EarlyStopping
 from app.interrupts import Interrupted, RunInterrupted, StopSignals
 from app.run_folder.layout import (
@@ -119,6 +119,7 @@ def train_and_export(cfg: RunConfig, run_dir: Path, record_config: Callable[[], 
                  model_summary(accelerator.unwrap_model(components.model), cfg.hardware.kind.value,
                                accelerator.device, accelerator.mixed_precision, components.threads),
                  run_dir)
+        log.info("%s", stopping_summary(cfg))
         trained = True  # from here on, the run folder has this run's steps
         with StopSignals(stop_file, announce=accelerator.is_main_process) as interrupts, \
                 profiling(cfg, accelerator, run_dir) as components.profiler:

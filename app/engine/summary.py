@@ -1,5 +1,5 @@
-"""What the start of the log says: the data the run learns from, and the model (parameters, size, and
-where and how the run computes)."""
+"""What the start of the log says: the data the run learns from, the model (parameters, size, and
+where and how the run computes), and when training stops and which weights ``model/`` gets."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from torch import nn
 
+from app.config import ExportChoice, RunConfig
 from app.engine.adapters import describe
 from app.tasks.base import DescribesData, Task, TaskData
 
@@ -48,3 +49,25 @@ def percent(part: int, whole: int) -> str:
     """``0.33 %``, ``12 %``, ``100 %``: two significant figures below 10 %."""
     share = 100 * part / whole if whole else 0.0
     return f"{share:.2g} %" if share < 10 else f"{share:.0f} %"
+
+
+def stopping_summary(cfg: RunConfig) -> str:
+    """e.g. ``early stopping: off (early_stopping.patience=N stops after N evaluations without a better
+    eval/loss); model/: the best evaluation by eval/loss (lowest; checkpoint.export=last: the final
+    weights)``: whether the run may stop before its steps, and what it exports."""
+    es = cfg.early_stopping
+    better = "highest" if es.mode.value == "max" else "lowest"
+    if es.patience is None:
+        stopping = (f"early stopping: off, every step asked for is trained (early_stopping.patience=N stops after N "
+                    f"evaluations without a better {es.monitor})")
+    else:
+        margin = f" by more than {es.min_delta:g}" if es.min_delta else ""
+        stopping = (f"early stopping: after {es.patience} evaluation(s) without a better {es.monitor}{margin} "
+                    "(early_stopping.patience=null trains every step asked for)")
+    if not cfg.checkpoint.save_final_model:
+        export = "no model/ (checkpoint.save_final_model=false)"
+    elif cfg.checkpoint.resolved_export() is ExportChoice.best:
+        export = f"model/: the best evaluation by {es.monitor} ({better}; checkpoint.export=last: the final weights)"
+    else:
+        export = "model/: the final weights (checkpoint.export=last)"
+    return f"{stopping}; {export}"

@@ -14,7 +14,7 @@ import os
 import signal
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,22 +33,25 @@ from app.workers.processes import run_on_processes, start_worker_server
 log = logging.getLogger(__name__)
 
 
-def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None) -> float | None:
+def launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None = None,
+           overrides: Sequence[str] = ()) -> float | None:
     """Run the job and return rank 0's result (the monitored metric, for sweepers). ``hydra_files``: the
-    ``.hydra/`` files to write once a resume is accepted (``app.run_folder.record``).
+    ``.hydra/`` files to write once a resume is accepted (``app.run_folder.record``); ``overrides``: the
+    command line's (what the start says of the config, ``app.console.config_tree``).
 
     Stopped by SLURM's warning signal (a time limit ahead), a SLURM job requeues itself once the run
     has stopped and saved (``app.launching.slurm_requeue``)."""
     from app.launching.slurm_requeue import requeue_after_stop
 
     try:
-        return _launch(cfg, run_dir, hydra_files)
+        return _launch(cfg, run_dir, hydra_files, overrides)
     except (RunInterrupted, Interrupted) as stopped:
         requeue_after_stop(stopped.signum, run_dir)
         raise
 
 
-def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -> float | None:
+def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None,
+            overrides: Sequence[str]) -> float | None:
     # The engine writes them through this callable: it knows when, the run folder's code how.
     record_config = functools.partial(write_hydra_record, run_dir, hydra_files) if hydra_files is not None else None
     adopt_slurm_layout()  # a submitit job does not pass through the command line's rewrites (app.cli.argv)
@@ -66,10 +69,10 @@ def _launch(cfg: RunConfig, run_dir: Path, hydra_files: dict[str, str] | None) -
     spec = hardware_spec(cfg.hardware.kind)
     if not spec.runs_hub_kernels:
         keep_hub_kernels_off(spec.kind)
-    if cfg.logging.print_config and this_process.is_rank_zero():
-        from app.console.config_tree import show_config
+    if this_process.is_rank_zero():
+        from app.console.config_tree import introduce_config
 
-        show_config(cfg)
+        introduce_config(cfg, overrides)
     if world is not None:
         run = engine_run()
         # Already one rank of a torchrun job: Hydra ran on every rank with the agreed run folder

@@ -75,3 +75,7 @@ class SweepReport(Callback):
             log.warning("no sweep report: %s", err)
             return
         log.info("sweep report: %s", ", ".join(str(p) for p in written))
+        from app.report.collect import not_comparable, read_sweep
+
+        if (caveat := not_comparable(read_sweep(sweep_dir))) is not None:
+            log.warning("the sweep's objective: %s", caveat)

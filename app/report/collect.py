@@ -19,6 +19,7 @@ from app.run_folder.layout import (
     hydra_file,
     metrics_file,
 )
+from app.tasks import TASK_SCHEMAS
 
 MISSING_RESULT = INTERRUPTED
 """A job folder without result.json: killed, preempted, or still running."""
@@ -188,3 +189,22 @@ def best_row(rows: list[JobRow]) -> JobRow | None:
     """The finished job with the best objective."""
     finished = [r for r in ranked(rows) if r.objective() is not None]
     return finished[0] if finished else None
+
+
+def not_comparable(rows: list[JobRow]) -> str | None:
+    """When the sweep's objective does not compare across its jobs, the sentence that says so: a swept
+    key changes the monitored metric's scale (``task=dpo``'s ``eval/loss`` with ``task.beta``: the job
+    with the smallest loss is no better model), and which metric does compare. None: it compares."""
+    tasks = {row.task for row in rows}
+    if len(tasks) != 1 or (task := next(iter(tasks))) not in TASK_SCHEMAS:
+        return None
+    schema = TASK_SCHEMAS[task]()
+    monitor = rows[0].monitor
+    scaling = [key for key in swept_keys(rows) if key in schema.keys_scaling(monitor)]
+    if not scaling:
+        return None
+    instead = schema.comparable_metric()
+    then = (f"; rank by one that does: early_stopping.monitor={instead} (docs/{task}.md)" if instead
+            and instead != monitor else "")
+    return (f"{monitor} does not compare across {', '.join(scaling)} (its value changes {monitor}'s scale), so the "
+            f"best by it is not the best model{then}.")

@@ -176,11 +176,27 @@ def _mark_pruned(ax: Any, rows: list[JobRow]) -> None:
 
 
 def plot_run(folder: Path, path: Path) -> None:
-    """train/loss and every evaluation metric of one run folder against steps."""
+    """train/loss and every evaluation metric of one run folder against steps (:func:`run_figure`)."""
+    plt = _pyplot()
+    fig = run_figure(folder)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def run_figure(folder: Path) -> Any:
+    """The loss (training and evaluation), then the evaluation metrics, one panel per scale
+    (:func:`metric_panels`): DPO's log-probabilities (about -30) never squash its accuracies (0 to 1)."""
     plt = _pyplot()
     events = read_events(folder)
-    names = sorted({k for e in events for k in e if k.startswith("eval/") and k != "eval/num_samples"})
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.0))
+    names = sorted({k for e in events for k in e if k.startswith("eval/") and k not in ("eval/num_samples", "eval/loss")})
+    series = {name: [(e["step"], float(e[name])) for e in events if name in e] for name in names}
+    panels = metric_panels({name: [value for _, value in points] for name, points in series.items()})
+    columns = min(3, 1 + len(panels))
+    grid_rows = math.ceil((1 + len(panels)) / columns)
+    fig = plt.figure(figsize=(5.2 * columns, 4.0 * grid_rows), layout="constrained")
+    axes = [ax for row in fig.subplots(grid_rows, columns, squeeze=False) for ax in row]
+    for unused in axes[1 + len(panels):]:
+        unused.set_visible(False)
     loss = [(e["step"], float(e["train/loss"])) for e in events if "train/loss" in e]
     if loss:
         axes[0].plot(*zip(*loss), label="train/loss")
@@ -188,17 +204,41 @@ def plot_run(folder: Path, path: Path) -> None:
     if eval_loss:
         axes[0].plot(*zip(*eval_loss), marker=".", label="eval/loss")
     axes[0].set_title("loss")
-    for name in names:
-        if name == "eval/loss":
-            continue
-        points = [(e["step"], float(e[name])) for e in events if name in e]
-        axes[1].plot(*zip(*points), marker=".", label=name)
-    axes[1].set_title("evaluation metrics")
-    for ax in axes:
+    for ax, (title, members) in zip(axes[1:], panels.items()):
+        for name in members:
+            ax.plot(*zip(*series[name]), marker=".", label=name)
+        ax.set_title(title)
+    for ax in axes[:1 + len(panels)]:
         ax.set_xlabel("optimizer step")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=8)
     fig.suptitle(str(folder), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    return fig
+
+
+SCALE_RATIO = 10.0
+"""Metrics whose largest magnitudes differ by this factor or more are drawn in panels of their own."""
+
+
+def metric_panels(values: dict[str, list[float]]) -> dict[str, list[str]]:
+    """The evaluation metrics grouped into panels that share a scale, each titled: by family
+    (``eval/rewards/...``, ``eval/logps/...``, the rest of ``eval/``), a family split where the largest
+    magnitudes differ tenfold (values within [-1, 1] count as 1: accuracies beside rewards, perplexity
+    apart from token accuracy)."""
+    families: dict[str, list[str]] = {}
+    for name in values:
+        families.setdefault(name.rpartition("/")[0], []).append(name)
+    panels: dict[str, list[str]] = {}
+    for family, names in families.items():
+        size = {name: max([1.0, *(abs(v) for v in values[name] if math.isfinite(v))]) for name in names}
+        groups: list[list[str]] = []
+        for name in sorted(names, key=lambda n: (size[n], n)):
+            if groups and size[name] < SCALE_RATIO * size[groups[-1][0]]:
+                groups[-1].append(name)
+            else:
+                groups.append([name])
+        for group in groups:
+            title = group[0] if len(group) == 1 else "evaluation metrics" if family == "eval" else f"{family}/…"
+            panels[title] = sorted(group)
+    return panels

@@ -8,7 +8,7 @@ import csv
 import math
 from pathlib import Path
 
-from app.report.collect import JobRow, best_row, ranked, swept_keys
+from app.report.collect import JobRow, best_row, not_comparable, ranked, swept_keys
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -112,6 +112,8 @@ def markdown(rows: list[JobRow], sweep_dir: Path) -> str:
     lines = [f"# Sweep {sweep_dir}", "",
              (f"{len(rows)} job(s) ({counts}); objective: best `{monitor}` ({direction} is better, "
               f"early_stopping.mode={mode}).")]
+    if (caveat := not_comparable(rows)) is not None:
+        lines.append(f"**Not comparable:** {caveat}")
     if best is not None:
         params = ", ".join(f"{k}={_short(best.params.get(k, ''))}" for k in keys) or " ".join(best.overrides)
         lines.append(f"**Best: job {best.job}** ({params}): {monitor} = {best.best!r} at step {best.best_step}."

@@ -122,12 +122,16 @@ CLAIMS = Claims()
 
 def holds_a_run(folder: Path) -> bool:
     """Whether ``folder`` has results of an earlier run that a new run would mix with or destroy."""
+    return has_checkpoints(folder) or model_dir(folder).exists() or metrics_file(folder).exists()
+
+
+def has_checkpoints(folder: Path) -> bool:
+    """Whether ``folder`` has a checkpoint (that ``resume=`` could continue)."""
     checkpoints = checkpoints_dir(folder)
     try:
-        has_checkpoint = checkpoints.is_dir() and any(e.name.startswith(CHECKPOINT_PREFIX) for e in checkpoints.iterdir())
+        return checkpoints.is_dir() and any(e.name.startswith(CHECKPOINT_PREFIX) for e in checkpoints.iterdir())
     except OSError:
-        has_checkpoint = False
-    return has_checkpoint or model_dir(folder).exists() or metrics_file(folder).exists()
+        return False
 
 
 def make_writable(folder: Path) -> None:
@@ -165,9 +169,11 @@ def claim_new_run(folder: Path, resume: str | None, overwrite: bool) -> Path | N
     moved = None
     if resume is None and holds_a_run(folder):
         if not overwrite:
+            # resume= is offered only where it can work: a run that ended before its first checkpoint has none.
+            go_on = f"continue it with resume={folder}, " if has_checkpoints(folder) else "it has no checkpoint to resume; "
             raise RunFolderError(
-                f"hydra.run.dir={folder} already holds a run (checkpoints, model/ or metrics.jsonl); continue it "
-                f"with resume={folder}, choose a new folder, or pass overwrite=true to move it aside.")
+                f"hydra.run.dir={folder} already holds a run (checkpoints, model/ or metrics.jsonl); {go_on}choose a "
+                "new folder, or pass overwrite=true to move it aside.")
         RunFolderLock.acquire(folder).release()  # refused if a live run holds it
         moved = move_aside(folder)
         make_writable(folder)

@@ -290,6 +290,23 @@ class SkipsRows(Protocol):
 
 
 @runtime_checkable
+class PacksSamples(Protocol):
+    """A dataset whose rows each hold several of the task's samples (``task.packing=true``: conversations,
+    preference pairs packed into rows). What a user reads counts the samples, not the rows:
+    ``eval/num_samples`` and the model card's splits (with the rows beside them)."""
+
+    def samples_packed(self) -> int:
+        """How many samples the rows hold, in all."""
+        ...
+
+
+def samples_in(dataset: Any, rows: int) -> int:
+    """The task's samples in a dataset of ``rows`` rows (``eval/num_samples``, the model card): the
+    conversations or pairs its rows hold when they are packed (:class:`PacksSamples`), else the rows."""
+    return dataset.samples_packed() if isinstance(dataset, PacksSamples) else rows
+
+
+@runtime_checkable
 class WritesSamples(Protocol):
     """A task that shows what the model generates at each evaluation during training (``task=sft``'s
     ``task.sample_prompts``): the engine writes the rows to ``<run>/samples/step_<N>.jsonl`` and to the

@@ -7,18 +7,23 @@ alone (``model.safetensors``, or FSDP2's per-rank shards in ``model/``), committ
 is (files fsynced, ``manifest.json`` last, renamed into place), the manifest recording the
 evaluation's step, epoch and metric. Its name is no ``checkpoint_<N>``: it is never listed, chosen
 for a resume or rotated as a checkpoint; :func:`prune` removes those no longer needed, once a newer
-save is complete.
+save is complete. A checkpoint that rotation removes while its weights are still needed leaves them
+here first (:func:`from_checkpoint`: its model's files, linked, under a weights-only manifest), so
+``checkpoint.total_limit`` bounds the resumable checkpoints alone.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Collection
 from pathlib import Path
 
 from app.distributed.checkpoint import store
+from app.distributed.checkpoint.atomic import fsync_paths
 from app.distributed.checkpoint.store import Manifest, read_manifest
-from app.distributed.checkpoint.training_state import holds_weights_only
+from app.distributed.checkpoint.training_state import HOLDS, WEIGHTS, holds_weights_only
 
 _NAME = re.compile(r"best_(\d+)")
 
@@ -64,3 +69,34 @@ def prune(root: Path, needed_steps: Collection[int]) -> list[Path]:
             store.remove(root, path)
             removed.append(path)
     return removed
+
+
+MODEL = "model"
+"""The name a checkpoint's (first) model is saved under: ``model.safetensors``, or FSDP2's ``model/`` shards."""
+
+
+def from_checkpoint(root: Path, checkpoint: Path, manifest: Manifest) -> Path:
+    """``checkpoints/best_<step>`` holding the weights of ``checkpoint`` (its model's files, hard-linked
+    where the file system allows, else copied), committed under a weights-only manifest with the
+    checkpoint's step, epoch, config hash and metric: what :func:`find` and the export read. The
+    checkpoint itself is left for the caller to remove. Main process."""
+    target = folder(root, manifest.step)
+    if (existing := read_manifest(target)) is not None and holds_weights_only(existing):
+        return target  # kept already (written at its evaluation)
+    files = {name: entry for name, entry in manifest.files.items()
+             if name == f"{MODEL}.safetensors" or name.startswith(f"{MODEL}/")}
+    temporary = store.temporary_folder(root, target.name)
+    copied = []
+    for name in files:
+        destination = temporary / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(checkpoint / name, destination)
+        except OSError:
+            shutil.copy2(checkpoint / name, destination)
+            copied.append(destination)
+    fsync_paths(copied)
+    kept_manifest = Manifest(save_number=manifest.step, step=manifest.step, epoch=manifest.epoch,
+                             world_size=manifest.world_size, config_hash=manifest.config_hash, metric=manifest.metric,
+                             files=dict(sorted(files.items())), extra={HOLDS: WEIGHTS})
+    return store.commit(temporary, target, kept_manifest, label=target.name)

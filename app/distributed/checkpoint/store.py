@@ -336,21 +336,27 @@ def best_checkpoint(checkpoints: list[tuple[Path, Manifest]]) -> Path | None:
 
 
 def rotate(root: Path, total_limit: int | None, keep_best: bool, newest: Path,
-           keep_steps: Collection[int] = ()) -> list[Path]:
+           keep_steps: Collection[int] = (), keep_weights: Callable[[Path, Manifest], object] | None = None
+           ) -> list[Path]:
     """Delete complete checkpoints beyond the ``total_limit`` newest, never ``newest`` (the one just
-    written), nor, with ``keep_best``, the best one, nor one of a step in ``keep_steps`` (the engine's:
-    those holding the weights of a best evaluation still in use). Returns what was deleted."""
+    written), nor, with ``keep_best``, the best one. One of a step in ``keep_steps`` (the engine's: those
+    holding the weights of a best evaluation still in use) is handed to ``keep_weights`` first, which
+    keeps its weights apart, then deleted; without ``keep_weights`` it is kept whole. Returns what was
+    deleted."""
     if total_limit is None:
         return []
     checkpoints = complete_checkpoints(root)
     keep = {path for path, _ in checkpoints[-total_limit:]} | {newest}
-    keep |= {path for path, manifest in checkpoints if manifest.step in keep_steps}
+    if keep_weights is None:
+        keep |= {path for path, manifest in checkpoints if manifest.step in keep_steps}
     if keep_best and (best := best_checkpoint(checkpoints)) is not None:
         keep.add(best)
     removed = []
-    for path, _ in checkpoints:
+    for path, manifest in checkpoints:
         if path in keep:
             continue
+        if keep_weights is not None and manifest.step in keep_steps:
+            keep_weights(path, manifest)
         remove(root, path)
         removed.append(path)
     return removed

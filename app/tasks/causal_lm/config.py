@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from app.config import ConfigError, TaskConfig
+from app.tasks.model_folders import refuse_run_folder
 
 STREAMED_SUFFIXES = (".txt", ".text", ".jsonl")
 """What ``task.streaming=true`` reads line by line (and can seek in by byte offset)."""
@@ -93,6 +94,8 @@ class CausalLMConfig(TaskConfig):
                               if self.model is not None else
                               f"task={self.name} needs a model: task.model=<folder or hub name> (pretrained weights) or "
                               "task.config=<config folder or model type> (randomly initialised).")
+        for key, value in (("task.model", self.model), ("task.config", self.config), ("task.tokenizer", self.tokenizer)):
+            refuse_run_folder(key, value)
         if self.data_files.train is None and self.data_files.validation is not None:
             raise ConfigError("task.data_files.validation needs task.data_files.train too.")
         if self.data_files.train is None and self.dataset is None:

@@ -8,8 +8,8 @@ import enum
 from dataclasses import dataclass
 from typing import ClassVar
 
-from app.config import ConfigError
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.config import AdapterKind, ConfigError, RunConfig
+from app.tasks.sft.config import Overlong, SFTConfig
 
 
 class LossType(str, enum.Enum):
@@ -32,12 +32,24 @@ class Reference(str, enum.Enum):
     weights; the values are saved with every checkpoint, so resume and ``mode=eval`` reuse them."""
 
 
+_PAIRS = "it reads prompt/chosen/rejected pairs (task.prompt_field, task.chosen_field, task.rejected_field)."
+_SAMPLES = "it generates no samples at evaluation yet (task.sample_prompts is task=sft's)."
+
+
 @dataclass
 class DPOConfig(SFTConfig):
     """Preference tuning of an ``AutoModelForCausalLM`` on prompt/chosen/rejected pairs."""
 
     DATA_NEEDED: ClassVar[str] = "preference pairs"
     DATA_FILES: ClassVar[str] = "JSON Lines, JSON, parquet... of prompt/chosen/rejected"
+
+    UNUSED: ClassVar[dict[str, str]] = {
+        "format": _PAIRS, "text_field": _PAIRS, "messages_field": _PAIRS, "completion_field": _PAIRS,
+        "train_on": "it learns from each pair's two answers, their end-of-turn token included.",
+        "loss_chunk": "it takes each answer's log-probabilities from the whole block's logits (no chunked loss yet).",
+        "sample_prompts": _SAMPLES, "max_new_tokens": _SAMPLES,
+    }
+    """task=sft's keys that preference pairs leave without a use."""
 
     name: str = "dpo"
     chosen_field: str = "chosen"
@@ -60,6 +72,7 @@ class DPOConfig(SFTConfig):
 
     def check(self) -> None:
         super().check()
+        self.check_unused()  # also for a config given to DPOTask directly, not through RunConfig.check
         if self.beta <= 0:
             raise ConfigError(f"task.beta must be positive, got {self.beta}.")
         if not 0.0 <= self.label_smoothing < 0.5:
@@ -71,6 +84,22 @@ class DPOConfig(SFTConfig):
         if self.packing and self.streaming:
             raise ConfigError("task=dpo packs pairs of a map-style dataset; with task.streaming=true give "
                               "task.packing=false.")
-        if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
-            raise ConfigError("task=dpo reads prompt/chosen/rejected pairs and learns the answers: leave task.format "
-                              "and task.train_on at their defaults.")
+
+    def check_in_run(self, run: RunConfig) -> None:
+        if self.reference is Reference.base and run.adapter.kind is not AdapterKind.lora:
+            raise ConfigError("task.reference=base is the model with its LoRA adapters disabled, and this run has "
+                              "none: give adapter=lora, or task.reference=copy or precomputed.")
+
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        # The loss is a function of beta * margin (sigmoid) or of margin - 1/(2 beta) (ipo), smoothed by
+        # label_smoothing; the rewards are beta * log-ratios; ipo averages log-probabilities per token.
+        if metric == "eval/loss":
+            return "task.beta", "task.loss_type", "task.label_smoothing"
+        if metric in ("eval/rewards/chosen", "eval/rewards/rejected", "eval/rewards/margins"):
+            return "task.beta", "task.loss_type"
+        if metric.startswith("eval/logps/"):
+            return ("task.loss_type",)
+        return ()
+
+    def comparable_metric(self) -> str | None:
+        return "eval/rewards/accuracies"

@@ -35,6 +35,10 @@ class PackedPairs(Dataset):
         self.capacity = 2 * block_size
         self.bins = best_fit_decreasing(lengths, self.capacity)
 
+    def samples_packed(self) -> int:
+        """``app.tasks.base.PacksSamples``: the pairs, which ``eval/num_samples`` counts."""
+        return sum(len(b) for b in self.bins)
+
     def __len__(self) -> int:
         return len(self.bins)
 

@@ -173,6 +173,8 @@ class DPOTask(SFTTask):
                         + fitted)
         if "validation" not in rows:
             rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
+            read.append(f"evaluation: {len(rows['validation'].data):,} of them held out (task.eval_fraction="
+                        f"{cfg.eval_fraction}, task.split_seed={cfg.split_seed})")
         self._splits_read = read
         train_rows, eval_rows = rows["train"].data, rows["validation"].data
         train_rows = train_rows.add_column("pair", list(range(len(train_rows))))

@@ -106,6 +106,22 @@ class SFTConfig(CausalLMConfig):
     max_new_tokens: int = 64
     """The most tokens each sample generates (it stops earlier at EOS or the end-of-turn token)."""
 
+    def check_data_format(self, found: DataFormat, origin: str) -> None:
+        """The rules between ``task.train_on`` and the data's format, once read (``task.format=auto`` finds
+        it from the columns): a completion needs prompt/completion pairs; plain text is learnt whole."""
+        holds = {DataFormat.messages: "conversations (messages)", DataFormat.prompt_completion: "prompt/completion "
+                 "pairs", DataFormat.text: "plain text"}.get(found, found.value)
+        if self.train_on is TrainOn.completion and found is not DataFormat.prompt_completion:
+            raise ConfigError(f"task.train_on=completion needs prompt/completion pairs, and {origin} holds {holds}; "
+                              "use task.train_on=assistant (every assistant turn) or last_assistant.")
+        if self.train_on is TrainOn.last_assistant and found is DataFormat.text:
+            raise ConfigError(f"task.train_on=last_assistant needs conversations, and {origin} holds plain text, "
+                              "learnt whole; leave task.train_on at its default.")
+
+    def keys_scaling(self, metric: str) -> tuple[str, ...]:
+        # Which tokens are learnt (and so averaged over) changes every per-token metric.
+        return ("task.train_on",) if metric in ("eval/loss", "eval/perplexity", "eval/token_accuracy") else ()
+
     def check(self) -> None:
         super().check()
         if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.block_size:

@@ -62,6 +62,10 @@ class PackedRows(Dataset):
     def conversations(self) -> int:
         return sum(len(b) for b in self.bins)
 
+    def samples_packed(self) -> int:
+        """``app.tasks.base.PacksSamples``: the conversations, which ``eval/num_samples`` counts."""
+        return self.conversations()
+
 
 def packed_row(input_ids: Sequence[Sequence[int]], labels: Sequence[Sequence[int]]) -> dict[str, list[int]]:
     """Conversations concatenated into one row, ``position_ids`` restarting at 0 with each.

@@ -168,6 +168,7 @@ class SFTTask(CausalLMTask):
             self.data_format = self.fields.detect(columns, self.cfg.format, origin)
         except BadRow as err:
             raise ConfigError(f"{err}") from None
+        self.cfg.check_data_format(self.data_format, origin)
         if self.cfg.max_prompt_length is not None and self.data_format is not DataFormat.prompt_completion:
             raise ConfigError(f"task.max_prompt_length cuts the prompt of prompt/completion data, and {origin} holds "
                               f"{self.data_format.value} data; leave it null.")

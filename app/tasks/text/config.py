@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass, field
 
 from app.config import ConfigError, TaskConfig
+from app.tasks.model_folders import refuse_run_folder
 from app.tasks.text.glue import GLUE_SPECS, GlueName
 from app.tasks.text.metrics import METRICS, F1Average, Problem
 
@@ -88,6 +89,8 @@ class TextClassificationConfig(TaskConfig):
     """Where tokenized splits are cached; null uses <HF_DATASETS_CACHE>/app_text_<task name>."""
 
     def check(self) -> None:
+        refuse_run_folder("task.model", self.model)
+        refuse_run_folder("task.tokenizer", self.tokenizer)
         if self.max_length < 8:
             raise ConfigError(f"task.max_length must be at least 8, got {self.max_length}.")
         if not 0.0 <= self.label_smoothing < 1.0:
