@@ -117,17 +117,17 @@ def test_a_streamed_files_bad_rows_are_skipped_by_byte_offset(bad_file, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("streaming", [False, pytest.param(True, marks=pytest.mark.multiprocess)])
 def test_a_run_skipping_bad_rows_writes_skipped_rows_jsonl(bad_file, tmp_path, streaming):
-    """As a user runs it: on two processes (streamed: each scans its part of the file), the log's data line
+    """As a user runs it (streamed: on two processes, each scanning its part of the file), the log's data line
     counts the bad rows and ``skipped_rows.jsonl`` holds every one of them, once."""
     path, expected, model = bad_file
     run = tmp_path / "run"
+    hardware = ("hardware=multi_cpu", "hardware.num_processes=2") if streaming else ()
     proc = run_app("task=sft", f"task.config={model}", f"task.data_files.train={path}", "task.bad_rows=skip",
                    f"task.streaming={str(streaming).lower()}", "task.eval_documents=10", "task.block_size=256",
-                   "hardware=multi_cpu", "hardware.num_processes=2", "trainer.max_steps=2", "trainer.batch_size=2",
+                   *hardware, "trainer.max_steps=2", "trainer.batch_size=2",
                    f"task.cache_dir={tmp_path / 'cache'}", *QUIET, f"hydra.run.dir={run}", cwd=tmp_path, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "skipped_rows.jsonl").read_text().splitlines()]

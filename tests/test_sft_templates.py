@@ -22,6 +22,7 @@ Where TRL's marks and ours differ, on purpose (the test lists each case, so that
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections import Counter
@@ -49,6 +50,15 @@ NO_SYSTEM = {"gemma"}
 """Templates that refuse a system message."""
 EXTRA = {"phi3": ("\n",), "phi3_5": ("\n",), "diffusion_gemma": ("<|tool_response>", "<|turn>model\n")}
 """What we learn beyond TRL's marks, by template (see the docstring): each extra token is part of one of these."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """A tiny model's forward on one thread: two threads beside other work on 2 cores take ten times longer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def shapes(name: str) -> dict[str, tuple[list[dict], list[dict] | None]]:
@@ -110,11 +120,12 @@ def learnt(rows: list[tuple[list[int], list[int]]]) -> Counter:
                    if label != IGNORE_INDEX)
 
 
-def tiny_model(tokenizer):
+@functools.cache
+def tiny_model(vocabulary: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    config = LlamaConfig(vocab_size=vocabulary, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096)
     return LlamaForCausalLM(config).eval()
 
@@ -164,7 +175,7 @@ def test_every_shipped_template_trains_the_tokens_its_training_variant_marks(nam
     unexplained = {t for t in extra if not any(t in allowed for allowed in EXTRA.get(name, ()))}
     assert not unexplained, f"{name}: we learn {unexplained} beyond TRL's marks"
 
-    model = tiny_model(tokenizer)
+    model = tiny_model(len(tokenizer))
     rows = [{"input_ids": ids, "labels": labels} for ids, labels in mine]
     ours_loss = token_loss(model, rows)
     their_loss = token_loss(model, [{"input_ids": ids, "labels": labels} for ids, labels in theirs])

@@ -67,17 +67,24 @@ def _tokenizer_json(controls: tuple[str, ...]) -> str:
     return backend.to_str()
 
 
+@cache
+def controls() -> tuple[str, ...]:
+    """Every control token of every shipped template and training variant (one tokenizer knows them all: a
+    template's text never holds another's, so the others change nothing of its rows)."""
+    texts = [template(name) for name in text_templates()] + [training_variant(name) or "" for name in text_templates()]
+    return tuple(sorted({BOS, EOS, *(t for text in texts for t in CONTROL.findall(text))}))
+
+
 def make_tokenizer(name: str):
     """A fast byte-level BPE tokenizer with the template (``name``) as its chat template, every control token of
-    it and of its training variant special, BOS and EOS of its own."""
+    the shipped templates special, BOS and EOS of its own (one BPE training for all of them)."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    texts = [template(name), training_variant(name) or ""]
-    controls = tuple(sorted({BOS, EOS, *(t for text in texts for t in CONTROL.findall(text))}))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(controls)),
+    special = controls()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_tokenizer_json(special)),
                                         bos_token=BOS, eos_token=EOS,
-                                        extra_special_tokens=[t for t in controls if t not in (BOS, EOS)],
+                                        extra_special_tokens=[t for t in special if t not in (BOS, EOS)],
                                         model_max_length=4096)
     tokenizer.chat_template = template(name)
     return tokenizer
