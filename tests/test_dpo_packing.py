@@ -50,7 +50,9 @@ def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama,
     by_number = {n: i for i, n in enumerate(plain_data.train["pair"])}
     apart = plain_data.collate_fn([plain_data.train[by_number[n]] for n in order])  # the same pairs, one per row
     with torch.no_grad():
-        (logps, lengths), (logps_apart, lengths_apart) = packed._logps(model, batch), plain._logps(model, apart)
+        found, apart_found = packed._sequences(model, batch), plain._sequences(model, apart)
+        (logps, lengths), (logps_apart, lengths_apart) = (found.logps, found.lengths), (apart_found.logps,
+                                                                                       apart_found.lengths)
         assert torch.equal(lengths, lengths_apart)
         # float32 sums of ~70 token log-probabilities, added in another order: equal to a unit or two in the
         # last place (7.6e-6 there); what is computed from them is held to that rounding
@@ -69,9 +71,9 @@ def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama,
         # a 2-D mask (even all ones) turns the packed-sequence attention off: a sequence sees the one before
         seen = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                      attention_mask=torch.ones_like(batch["input_ids"])).logits
-    from app.tasks.dpo.loss import segment_logps
+    from app.tasks.dpo.logps import sequence_logps
 
-    contaminated, _ = segment_logps(seen, batch["labels"], batch["segment"], 2 * len(order))
+    contaminated = sequence_logps(seen, batch["labels"], batch["segment"], 2 * len(order)).logps
     assert (contaminated - logps_apart).abs().max() > 1e-2
 
 

@@ -1,16 +1,22 @@
 """``DPOTask``: preference tuning. ``task=sft``'s model, tokenizer, chat template and export, on pairs of
-a chosen and a rejected answer to the same prompt; the loss (``task.loss_type``) compares the policy's
-answer log-probabilities with the reference's (``task.reference``, see ``reference.py``).
+a chosen and a rejected answer to the same prompt; the objective (``task.loss_type``, one of the table in
+``objectives.py`` or a weighted list of them) compares the policy's answer log-probabilities with the
+reference's (``task.reference``, ``preference.py``), or reads the policy's alone (SimPO, CPO, ORPO: no
+reference model at all).
 
 Each batch holds its pairs' chosen rows, then their rejected rows, padded together: one forward pass
 gives both, so they see the same weights (and dropout state). With ``task.packing=true`` a row holds
 whole pairs, each side a sequence of its own (``packing.py``); a row is then one of the engine's samples,
 its loss the sum over its pairs and its items their count. A pair is one item of the engine's loss
 (``StepOutput(sample_losses=per pair, sample_items=1)``): the loss is the mean over the pairs of the
-whole optimizer step, at any batch split. Evaluation sums TRL's metrics per pair on each process and
-reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``, ``eval/rewards/chosen``,
-``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``;
-training logs the same six over each logging window's pairs (``train/rewards/chosen``...:
+whole optimizer step, at any batch split. An NLL term (``sft``, CPO's, ORPO's) is TRL's mean over the
+chosen tokens: over the optimizer step's, whose count the engine totals before the step
+(``app.tasks.base.ReadsStepTotals``), so it too is the same at any split; only AOT, which sorts the
+micro-batch's margins, depends on the split by definition (said at the start). Evaluation sums TRL's
+metrics per pair on each process and reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``,
+``eval/rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``,
+``logps/chosen``, ``logps/rejected`` (CPO, SimPO, ORPO: ``nll_loss``; ORPO: ``log_odds_ratio``,
+``log_odds_chosen``); training logs the same over each logging window's pairs (``train/rewards/chosen``...:
 ``StepOutput.sample_metrics``).
 """
 
@@ -19,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,10 +35,12 @@ from torch import nn
 
 from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
+from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.causal_lm.documents import hold_out
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
-from app.tasks.dpo.config import DPOConfig, Reference
-from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
+from app.tasks.causal_lm.models import model_source
+from app.tasks.dpo.config import DPOConfig, LossType, Reference
+from app.tasks.dpo.logps import Sequences, sequence_logps
+from app.tasks.dpo.objectives import Terms, metric_names, nll_kind, preference_losses
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
 from app.tasks.dpo.pairs import (
     COUNTS,
@@ -42,13 +51,12 @@ from app.tasks.dpo.pairs import (
     encode_pairs,
     pair_features,
 )
-from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
+from app.tasks.dpo.preference import PreferenceTask
+from app.tasks.dpo.reference import Precomputed
 from app.tasks.dpo.stream import PairStream
-from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
 from app.tasks.sft.bad_rows import skipped_of
 from app.tasks.sft.packing import SFTCollator
 from app.tasks.sft.records import Places, sample_records
-from app.tasks.sft.task import SFTTask
 from app.tasks.text.sources import Split, check_data_files
 from app.tasks.text.task import digest, run_main_first
 from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
@@ -56,10 +64,10 @@ from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
 if TYPE_CHECKING:
     import datasets
 
+log = logging.getLogger(__name__)
+
 CACHE_VERSION = 4
 """Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-           "logps/rejected")
 
 
 class PairCollator:
@@ -76,17 +84,21 @@ class PairCollator:
         return batch
 
 
-class DPOTask(SFTTask):
-    metric_names: tuple[str, ...] = ("loss", *METRICS)  # type: ignore[assignment]
-
+class DPOTask(PreferenceTask):
     def __init__(self, cfg: DPOConfig):
-        super().__init__(cfg)
+        super().__init__(cfg, reference_free=cfg.reference_free)
         self.cfg: DPOConfig = cfg
-        self.conversational = False
-        self._runtime: TaskRuntime | None = None
-        """``build_data``'s runtime: ``build_model`` prepares the reference copy with it."""
-        self.reference: FrozenCopy | AdaptersDisabled | Precomputed | None = \
-            AdaptersDisabled() if cfg.reference is Reference.base else None
+        self.objectives, self.weights = cfg.objectives(), cfg.weights()
+        self.metric_names = ("loss", *metric_names(self.objectives[0]))  # type: ignore[assignment]
+        self.nll = nll_kind(self.objectives, self._cpo_alpha)
+        """The NLL an objective reads (``answer``, ``whole``), None for none."""
+        self._step_scale: torch.Tensor | None = None
+        """The optimizer step's pairs over its NLL tokens (``begin_step``); None: the batch's own."""
+
+    @property
+    def _cpo_alpha(self) -> float:
+        alpha = self.cfg.cpo_alpha
+        return alpha if alpha is not None else 1.0 if LossType.cpo in self.objectives else 0.0
 
     # -- data ----------------------------------------------------------------------------------------------
 
@@ -106,10 +118,14 @@ class DPOTask(SFTTask):
         stream = train if isinstance(train, PairStream) else None
         if stream is not None:
             self._check_stream(runtime, stream, functools.partial(bad_pairs, tokenizer=tokenizer, fields=stream.fields))
-        if self.cfg.reference is Reference.precomputed:  # its pass runs pair by pair, packed or not
+        if self.cfg.reference_mode is Reference.precomputed and not self.reference_free:  # pair by pair, packed or not
+            key = key if self.cfg.ld_alpha is None else digest(key, f"ld_alpha={self.cfg.ld_alpha}")
             self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
                                          self.cfg.reference_batch_size, runtime, stream)
             runtime.register_for_checkpointing(self.reference)
+        for kind in self.cfg.batch_dependent:
+            log.info("task.loss_type=%s compares the pairs of each micro-batch with each other (it sorts their "
+                     "margins): its loss depends on how the optimizer step's batch is split, by definition", kind.value)
         if self.cfg.packing:  # map-style only (the schema refuses packing with streaming)
             packed_train, packed_eval = PackedPairs(train, self.cfg.block_size), PackedPairs(evaluation, self.cfg.block_size)
             self._splits_read.append(f"packed: {len(train):,} training pairs into {len(packed_train):,} rows of "
@@ -218,42 +234,68 @@ class DPOTask(SFTTask):
                 if counts["dropped"] else ""]
         return "".join(f", {part}" for part in said if part)
 
-    # -- model and steps -----------------------------------------------------------------------------------
+    # -- steps -------------------------------------------------------------------------------------------
 
-    def build_model(self) -> nn.Module:
-        model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
-        self._flops_per_token = flops_per_token(model, self.cfg.block_size)
-        if self._explicit_mask:
-            use_eager_attention(model)  # before the copy: the reference runs the same attention
-        if self.cfg.packing:
-            check_isolation(model, self._explicit_mask)
-        if self.cfg.reference is Reference.copy and self.reference is None:
-            # Before any adapter: the starting weights. Once: an adapter's export rebuilds the model on
-            # the main process alone, and preparing a copy under FSDP2 takes every process.
-            if self._runtime is None:
-                raise RuntimeError("build_data() keeps the runtime that prepares the reference copy; call it first.")
-            self.reference = FrozenCopy(model, self._runtime)
-        return model
-
-    def _logps(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each side's summed answer log-probability and answer length, chosen sides first (packed or not)."""
-        dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
-        logits = model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
-        if "segment" in batch:
-            return segment_logps(logits, batch["labels"], batch["segment"], 2 * len(batch["pair"]))
-        return answer_logps(logits, batch["labels"])
+    def _sequences(self, model: nn.Module, batch: Any, policy: bool = True) -> Sequences:
+        """Each side's log-probabilities, chosen sides first (packed or not); for the policy, what the
+        objectives read besides (WPO's aligned means, ORPO's whole sequences)."""
+        logits = self._logits(model, batch)
+        packed = "segment" in batch
+        whole = policy and self.nll == "whole"
+        real = batch.get("attention_mask") if whole and not packed else None
+        return sequence_logps(logits, batch["labels"], batch.get("segment"), 2 * len(batch["pair"]) if packed else None,
+                              ld_alpha=self.cfg.ld_alpha, weighting=policy and self.cfg.use_weighting,
+                              input_ids=batch["input_ids"] if whole else None, real=real)
 
     def _reference_logps(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        return self._logps(model, batch)[0]
+        return self._sequences(model, batch, policy=False).logps
 
     def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per pair: the loss and TRL's metrics (one forward of the policy over both sides)."""
-        policy, lengths = self._logps(model, batch)
-        assert self.reference is not None  # build_data / build_model chose it
-        reference = self.reference(model, batch, self._reference_logps)
+        found = self._sequences(model, batch)
+        policy = found.logps.view(2, -1)
+        if self.reference_free:
+            reference = torch.zeros_like(policy)
+        else:
+            assert self.reference is not None  # build_data / build_model chose it
+            reference = self.reference(model, batch, self._reference_logps).view(2, -1).to(policy.dtype)
         cfg = self.cfg
-        return preference_losses(policy.view(2, -1), reference.view(2, -1).to(policy.dtype), lengths.view(2, -1),
-                                 cfg.beta, cfg.label_smoothing, cfg.loss_type)
+        terms = Terms(policy, reference, found.lengths.view(2, -1), self._nll(found, batch, model.training), cfg.beta,
+                      cfg.label_smoothing, cfg.discopop_tau, cfg.simpo_gamma, self._cpo_alpha)
+        weights = None
+        if found.aligned is not None:  # WPO: each pair weighted by its two answers' probabilities
+            weights = torch.exp(found.aligned.view(2, -1)).prod(dim=0)
+        return preference_losses(terms, self.objectives, self.weights, weights)
+
+    def _nll(self, found: Sequences, batch: Any, training: bool) -> torch.Tensor:
+        """Per pair, the chosen side's NLL scaled by the optimizer step's pairs over its NLL tokens
+        (training; :meth:`begin_step`) or the batch's own (evaluation, or a step without totals), so that
+        the mean over the pairs is TRL's mean over the chosen tokens; zeros when no objective reads it."""
+        pairs = len(batch["pair"])
+        if self.nll is None:
+            return found.logps.new_zeros(pairs)
+        if self.nll == "whole":
+            assert found.whole is not None and found.whole_lengths is not None
+            nll, tokens = -found.whole[:pairs], found.whole_lengths[:pairs]
+        else:
+            nll, tokens = -found.plain[:pairs], found.lengths[:pairs]
+        scale = self._step_scale if training and self._step_scale is not None else pairs / tokens.sum().clamp(min=1)
+        return nll * scale
+
+    @property
+    def reads_step_totals(self) -> bool:
+        return self.nll is not None
+
+    def step_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per sample (a row, packed), its pairs and their chosen NLL tokens (from the labels: no forward)."""
+        pairs = len(batch["pair"])
+        labels = batch["labels"]
+        tokens = sequence_counts(labels, batch.get("segment"), batch.get("attention_mask"), 2 * pairs,
+                                 whole=self.nll == "whole")[:pairs]
+        return {"pairs": per_row(torch.ones_like(tokens), batch), "nll_tokens": per_row(tokens, batch)}
+
+    def begin_step(self, totals: dict[str, torch.Tensor]) -> None:
+        self._step_scale = totals["pairs"] / totals["nll_tokens"].clamp(min=1)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """Each pair's loss; a pair is one item of the step's mean. TRL's metrics per pair too: the engine
@@ -287,6 +329,30 @@ class DPOTask(SFTTask):
                  f"(preference pairs{', conversations' if self.conversational else ''})"}
         if self.conversational:
             facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
-        facts["trained on"] = (f"{cfg.loss_type.value} preference loss, β = {cfg.beta}, reference: "
-                               f"{cfg.reference.value}")
+        objective = " + ".join(kind.value if weight == 1 else f"{weight:g} × {kind.value}"
+                               for kind, weight in zip(self.objectives, self.weights, strict=True))
+        options = [f"label smoothing {cfg.label_smoothing}" if cfg.label_smoothing else "",
+                   "WPO weighting" if cfg.use_weighting else "",
+                   f"LD-DPO α = {cfg.ld_alpha}" if cfg.ld_alpha is not None else ""]
+        facts["trained on"] = (f"{objective} preference loss, β = {cfg.beta}"
+                               + "".join(f", {o}" for o in options if o) + f", reference: {self._reference_facts()}")
         return facts
+
+
+def sequence_counts(labels: torch.Tensor, segment: torch.Tensor | None, mask: torch.Tensor | None, count: int,
+                    whole: bool = False) -> torch.Tensor:
+    """Per sequence (rows, or a packed batch's ``count`` segments): its answer tokens, or (``whole``) every
+    token after its first (``mask``: an unpacked batch's real tokens), as
+    :func:`app.tasks.dpo.logps.sequence_logps` counts them."""
+    if segment is None:
+        if not whole:
+            return (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
+        real = mask.bool() if mask is not None else torch.ones_like(labels, dtype=torch.bool)
+        return real[:, 1:].sum(dim=1)
+    if whole:
+        counted = (segment[:, 1:] == segment[:, :-1]) & (segment[:, 1:] < count)
+    else:
+        counted = labels[:, 1:] != IGNORE_INDEX
+    owner = torch.where(counted, segment[:, 1:], count).flatten()
+    return torch.zeros(count + 1, dtype=torch.int64, device=labels.device).index_add_(
+        0, owner, torch.ones_like(owner))[:count]
