@@ -25,6 +25,7 @@ call) and written either at once or, asynchronously, on the Accelerator's writer
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -288,7 +289,7 @@ def _stage(backend: Backend, objects: TrainingObjects, temporary: Path, staging:
     pending.append(stage_state(temporary, f"rng_state_{backend.process_index}", capture_rng(backend), staging))
     for i, obj in enumerate(objects.custom_objects):
         if isinstance(obj, nn.Module):  # a registered model (a reference that moves): saved as models are, every rank
-            pending += io.save_model(obj, temporary, f"custom_checkpoint_{i}", staging)
+            pending += io.save_model(obj, temporary, f"custom_checkpoint_{i}", dataclasses.replace(staging, now=True))
     for i, loader in enumerate(objects.dataloaders):
         if _per_process(loader):
             pending.append(stage_state(temporary, _loader_file(i, backend.process_index), loader.state_dict(),
