@@ -19,8 +19,8 @@ from app.tasks.dpo.fit import PairFit
 from app.tasks.dpo.logps import answer_logps
 from app.tasks.dpo.objectives import Terms, preference_losses
 from app.tasks.dpo.pairs import PairFields, encode_pairs
+from app.tasks.dpo.preference import PairCollator
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, logps_forward
-from app.tasks.dpo.task import PairCollator
 from app.tasks.sft.records import Places
 from tests.helpers.dpo_pairs import preference_rows, tiny_model
 from tests.helpers.tiny_chat import make_tokenizer

@@ -67,7 +67,7 @@ def pair_batch(tokenizer, rows: list[dict]) -> dict:
     """``rows`` (prompt/chosen/rejected) as task=dpo's collated batch: chosen rows, then rejected rows."""
     from app.tasks.dpo.fit import PairFit
     from app.tasks.dpo.pairs import PairFields, encode_pairs
-    from app.tasks.dpo.task import PairCollator
+    from app.tasks.dpo.preference import PairCollator
     from app.tasks.sft.records import Places
 
     fields = PairFields("prompt", "chosen", "rejected", PairFit(1024), Places("prefs.jsonl", "line"))

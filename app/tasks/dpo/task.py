@@ -23,10 +23,8 @@ metrics per pair on each process and reduces them (``app.tasks.base.SummedMetric
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import logging
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,17 +32,14 @@ import torch
 from torch import nn
 
 from app.config import ConfigError
-from app.tasks.base import StepOutput, TaskData, TaskRuntime
+from app.tasks.base import StepOutput
 from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import model_source
-from app.tasks.dpo.config import DPOConfig, LossType, Reference
+from app.tasks.dpo.config import DPOConfig, LossType
 from app.tasks.dpo.logps import Sequences, sequence_logps
 from app.tasks.dpo.objectives import Terms, metric_names, nll_kind, preference_losses
-from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
+from app.tasks.dpo.packing import per_row
 from app.tasks.dpo.pairs import (
-    COUNTS,
-    SIDES,
     PairFields,
     bad_pairs,
     conversational,
@@ -52,36 +47,15 @@ from app.tasks.dpo.pairs import (
     pair_features,
 )
 from app.tasks.dpo.preference import PreferenceTask
-from app.tasks.dpo.reference import Precomputed
-from app.tasks.dpo.stream import PairStream
-from app.tasks.sft.bad_rows import skipped_of
-from app.tasks.sft.packing import SFTCollator
-from app.tasks.sft.records import Places, sample_records
-from app.tasks.text.sources import Split, check_data_files
-from app.tasks.text.task import digest, run_main_first
-from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
+from app.tasks.dpo.stream import PairStream, stream_pairs
+from app.tasks.sft.bad_rows import Skipped
+from app.tasks.sft.records import Places
+from app.tasks.text.task import digest
 
 if TYPE_CHECKING:
     import datasets
 
 log = logging.getLogger(__name__)
-
-CACHE_VERSION = 4
-"""Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
-
-
-class PairCollator:
-    """Pairs into one batch: the chosen rows, then the rejected rows (``SFTCollator``: padded on the
-    right, -100 labels, an attention mask where lengths differ), and each pair's row number ``pair``."""
-
-    def __init__(self, pad_id: int, fixed_length: int | None = None):
-        self.rows = SFTCollator(pad_id, fixed_length)
-
-    def __call__(self, pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
-                           for side in SIDES for p in pairs])
-        batch["pair"] = torch.tensor([p["pair"] for p in pairs], dtype=torch.int64)
-        return batch
 
 
 class DPOTask(PreferenceTask):
@@ -100,66 +74,23 @@ class DPOTask(PreferenceTask):
         alpha = self.cfg.cpo_alpha
         return alpha if alpha is not None else 1.0 if LossType.cpo in self.objectives else 0.0
 
-    # -- data ----------------------------------------------------------------------------------------------
+    # -- data: task=dpo's rows (the pipeline is PreferenceTask's) ----------------------------------------------
 
-    def build_data(self, runtime: TaskRuntime) -> TaskData:
-        check_data_files(self.cfg.data_files)
-        if not runtime.is_main_process:
-            import datasets
+    def _fields(self, places: Places) -> PairFields:
+        return PairFields.of(self.cfg, places)
 
-            datasets.disable_progress_bars()
-        self._runtime = runtime  # build_model prepares the reference copy with it
-        train, evaluation, key = run_main_first(runtime, self._pairs_streamed if self.cfg.streaming else self._pairs_read)
-        tokenizer = self.tokenizer
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        pad = pad if pad is not None else 0
-        self._explicit_mask = runtime.static_shapes
-        collate = PairCollator(pad, self.cfg.block_size if runtime.static_shapes else None)
-        stream = train if isinstance(train, PairStream) else None
-        if stream is not None:
-            self._check_stream(runtime, stream, functools.partial(bad_pairs, tokenizer=tokenizer, fields=stream.fields))
-        if self.cfg.reference_mode is Reference.precomputed and not self.reference_free:  # pair by pair, packed or not
-            key = key if self.cfg.ld_alpha is None else digest(key, f"ld_alpha={self.cfg.ld_alpha}")
-            self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
-                                         self.cfg.reference_batch_size, runtime, stream)
-            runtime.register_for_checkpointing(self.reference)
-        for kind in self.cfg.batch_dependent:
-            log.info("task.loss_type=%s compares the pairs of each micro-batch with each other (it sorts their "
-                     "margins): its loss depends on how the optimizer step's batch is split, by definition", kind.value)
-        if self.cfg.packing:  # map-style only (the schema refuses packing with streaming)
-            packed_train, packed_eval = PackedPairs(train, self.cfg.block_size), PackedPairs(evaluation, self.cfg.block_size)
-            self._splits_read.append(f"packed: {len(train):,} training pairs into {len(packed_train):,} rows of "
-                                     f"{packed_train.capacity} tokens (2 × task.block_size), {len(evaluation):,} "
-                                     f"evaluation ones into {len(packed_eval):,}")
-            fixed = packed_train.capacity if runtime.static_shapes else None
-            return TaskData(train=packed_train, eval=packed_eval, collate_fn=PackedPairCollator(pad, fixed))
-        lengths = None if stream else [max(len(c), len(r))
-                                       for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
-        return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
+    def _encoder(self, fields: Any) -> Callable[..., dict[str, list]]:
+        return functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields)
 
-    def _pairs_streamed(self) -> tuple[PairStream, datasets.Dataset, str]:
-        """The training file as a stream of pairs (``stream.PairStream``, each named by its line's byte
-        offset); evaluation: the validation file, else the file's first ``task.eval_documents`` records
-        (held out of the stream), named -1, -2… Also returns a key of the pairs."""
-        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
-        assert cfg.data_files.train is not None  # the schema's check for streaming
-        path = Path(cfg.data_files.train).expanduser()
-        (evaluation, places), begin, sample = self._stream_start(path, root)
-        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), str(path))
-        if conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
-            self.conversational = True
-            self._check_template()
-        data, fitted = self._tokenize(evaluation, places, "validation", root)
-        size = path.stat().st_size
-        after = " after the evaluation records" if begin else ""
-        self._splits_read = [
-            (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
-             f"{'conversations' if self.conversational else 'text'}), read while training"),
-            f"validation: {len(data):,} pairs of {evaluation.origin}{fitted}"]
-        fields = PairFields.of(cfg, Places(str(path), "byte"))
-        return (PairStream(path, begin, self.tokenizer, fields),
-                data.add_column("pair", [-(k + 1) for k in range(len(data))]),
-                digest(path.name, str(size), str(begin), evaluation.fingerprint))
+    def _features(self) -> datasets.Features:
+        return pair_features()
+
+    def _bad_streamed(self, fields: Any) -> Callable[[list[str], list[int]], list[Skipped]]:
+        return functools.partial(bad_pairs, tokenizer=self.tokenizer, fields=fields)
+
+    def _stream(self, path: Path, begin: int, fields: Any) -> PairStream:
+        return PairStream(path, begin, functools.partial(stream_pairs, encode=self._encoder(fields)),
+                          self.cfg.block_size)
 
     def _check_columns(self, columns: list[str], origin: str) -> None:
         cfg = self.cfg
@@ -169,70 +100,16 @@ class DPOTask(PreferenceTask):
                               f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
                               "task.prompt_field, task.chosen_field and task.rejected_field.")
 
-    def _pairs_read(self) -> tuple[datasets.Dataset, datasets.Dataset, str]:
-        """Both splits read, checked, tokenized (cached), held out; each pair numbered (training pairs
-        first) for the precomputed reference table. Also returns a key of the pairs."""
-        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
-        splits = self._read(root / "raw")
-        train, _ = splits["train"]
-        sample = sample_records(train.data)
-        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), train.origin)
-        if sample and conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
-            self.conversational = True
-            self._check_template()
-        rows, read = {}, []
-        for name, (split, places) in splits.items():
-            data, fitted = self._tokenize(split, places, name, root)
-            rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
-            read.append(f"{name}: {len(data):,} pairs of {split.origin}"
-                        f" ({'conversations' if self.conversational else 'text'})"
-                        + fitted)
-        if "validation" not in rows:
-            rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
-        self._splits_read = read
-        train_rows, eval_rows = rows["train"].data, rows["validation"].data
-        train_rows = train_rows.add_column("pair", list(range(len(train_rows))))
-        eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
-        return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
+    def _conversational(self, record: dict[str, Any]) -> bool:
+        return conversational(record, self.cfg.prompt_field, self.cfg.chosen_field)
 
-    def _tokenize(self, split: Split, places: Places, name: str, root: Path) -> tuple[datasets.Dataset, str]:
-        """The split's pairs (cached), its bad ones judged (``task.bad_rows``) and the dropped ones left out, and
-        what was skipped, cut and dropped, for the log."""
-        cfg = self.cfg
-        fields = PairFields.of(cfg, places)
-        payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
-                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected, fields.tools],
-                   "fit": asdict(fields.fit), "data": split.fingerprint}
-        key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
-        root.mkdir(parents=True, exist_ok=True)
-        data = split.data.map(functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields), batched=True,
-                              with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
-                              num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
-                              desc=f"Tokenizing {cfg.name} {name}",
-                              features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
-                              load_from_cache_file=True)
-        bad = skipped_of(data, places)
-        self._judge(bad, len(data), places.origin)
-        counts = {count: sum(data[count]) for count in COUNTS}
-        if counts["dropped"] or bad:
-            data = data.select([i for i, (dropped, error) in enumerate(zip(data["dropped"], data["error"], strict=True))
-                                if not dropped and not error])
-        skipped = f", {len(bad):,} bad row(s) skipped (skipped_rows.jsonl)" if bad else ""
-        return data.remove_columns([*COUNTS, "error", "place", "raw"]), skipped + self._fitted(counts)
+    def _reference_key(self, key: str) -> str:
+        return key if self.cfg.ld_alpha is None else digest(key, f"ld_alpha={self.cfg.ld_alpha}")
 
-    def _fitted(self, counts: dict[str, int]) -> str:
-        """``, 3 with their prompt cut (task.max_prompt_length=64, keep_end), 1 with an answer cut at
-        task.block_size=128, 2 dropped as longer than task.block_size=128``: each pair counted once in each."""
-        cfg = self.cfg
-        to = f"task.max_prompt_length={cfg.max_prompt_length}" if cfg.max_prompt_length is not None \
-            else f"to half of task.block_size={cfg.block_size}"
-        said = [f"{counts['prompt_cut']:,} with their prompt cut ({to}, {cfg.truncation_mode.value})"
-                if counts["prompt_cut"] else "",
-                f"{counts['answer_cut']:,} with an answer cut at task.block_size={cfg.block_size}"
-                if counts["answer_cut"] else "",
-                f"{counts['dropped']:,} dropped as longer than task.block_size={cfg.block_size} (task.overlong=drop)"
-                if counts["dropped"] else ""]
-        return "".join(f", {part}" for part in said if part)
+    def _said_at_start(self) -> None:
+        for kind in self.cfg.batch_dependent:
+            log.info("task.loss_type=%s compares the pairs of each micro-batch with each other (it sorts their "
+                     "margins): its loss depends on how the optimizer step's batch is split, by definition", kind.value)
 
     # -- steps -------------------------------------------------------------------------------------------
 
