@@ -92,3 +92,21 @@ def dpo_task_with(tokenizer, reference, **options):
     if not task.reference_free:
         task.reference = FrozenCopy(reference, Accelerator())
     return task
+
+
+def kto_rows(n: int, seed: int = 0, form: str = "messages", desirable_share: float = 0.5) -> list[dict]:
+    """TRL's unpaired format: each row one answer of the toy grammar and whether it is desirable (it keeps
+    the subject's verb) — ``desirable_share`` of them — as messages (prompt and completion lists) or
+    ``text`` (strings)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, good, bad = pair(rng)
+        label = rng.random() < desirable_share
+        answer = good if label else bad
+        if form == "text":
+            rows.append({"prompt": question + " ", "completion": answer, "label": label})
+        else:
+            rows.append({"prompt": [{"role": "user", "content": question}],
+                         "completion": [{"role": "assistant", "content": answer}], "label": label})
+    return rows

@@ -16,6 +16,7 @@ row's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -168,20 +169,11 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     ``raw`` (the row as it came, for a bad one) for ``bad_rows``. Errors are returned, not raised, as
     ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be torn down
     mid-work."""
-    finder = SpanFinder(tokenizer, TrainOn.assistant)
     rows = batch_rows(batch)
     places = [fields.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
-    formatted: list[Formatted] = []
-    errors: list[str] = []
-    for place, row in zip(places, rows, strict=True):
-        try:
-            formatted.extend([one_sequence(finder(side)) for side in read_pair(row_record(row), fields)])
-            errors.append("")
-        except BadRow as err:
-            errors.append(f"{fields.where(place)}: {err}.")
-        except UnusableTemplate as err:
-            errors.append(f"The chat template cannot be trained on: {err} ({fields.where(place)}); give "
-                          "task.chat_template=chatml or a Jinja file.")
+    formatted, found = formatted_rows(rows, places, fields.places, tokenizer,
+                                      lambda record: [(side, None) for side in read_pair(record, fields)])
+    errors = [f if isinstance(f, str) else "" for f in found]
     encoded = iter(tokenize(tokenizer, formatted))
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
                             **{count: [] for count in COUNTS}, "error": errors, "place": places, "raw": []}
@@ -199,6 +191,28 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
             out[count].append(int(getattr(fitted, count)))
         out["raw"].append(raw_text(row) if errors[k] else "")
     return out
+
+
+def formatted_rows(rows: list[dict[str, Any]], places: list[int], named: Places, tokenizer: PreTrainedTokenizerBase,
+                   read: Callable[[dict[str, Any]], list[tuple[Conversation | Plain, Any]]]
+                   ) -> tuple[list[Formatted], list[list[tuple[Conversation | Plain, Any]] | str]]:
+    """Each row's sides (``read``: a record -> its sides, each with what goes with it) formatted through
+    the template, all rows' in one list to tokenize at once; and per row its sides, or why it is bad (a
+    sentence naming its place)."""
+    finder = SpanFinder(tokenizer, TrainOn.assistant)
+    formatted: list[Formatted] = []
+    found: list[list[tuple[Conversation | Plain, Any]] | str] = []
+    for place, row in zip(places, rows, strict=True):
+        try:
+            sides = read(row_record(row))
+            formatted.extend(one_sequence(finder(side)) for side, _ in sides)
+            found.append(sides)
+        except BadRow as err:
+            found.append(f"{named.where(place)}: {err}.")
+        except UnusableTemplate as err:
+            found.append(f"The chat template cannot be trained on: {err} ({named.where(place)}); give "
+                         "task.chat_template=chatml or a Jinja file.")
+    return formatted, found
 
 
 def bad_pairs(texts: list[str], offsets: list[int], tokenizer: PreTrainedTokenizerBase,

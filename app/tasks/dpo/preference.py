@@ -53,15 +53,17 @@ CACHE_VERSION = 5
 class PairCollator:
     """Items into one batch: every item's first row (``sides[0]``: ``chosen_ids``/``chosen_labels``...),
     then every item's second row (``SFTCollator``: padded on the right, -100 labels, an attention mask
-    where lengths differ), and each item's number ``pair``."""
+    where lengths differ), each item's number ``pair`` and its ``per_item`` values (task=kto's ``label``)."""
 
-    def __init__(self, pad_id: int, fixed_length: int | None = None, sides: tuple[str, str] = SIDES):
-        self.rows, self.sides = SFTCollator(pad_id, fixed_length), sides
+    def __init__(self, pad_id: int, fixed_length: int | None = None, sides: tuple[str, str] = SIDES,
+                 per_item: tuple[str, ...] = ()):
+        self.rows, self.sides, self.per_item = SFTCollator(pad_id, fixed_length), sides, ("pair", *per_item)
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
                            for side in self.sides for p in items])
-        batch["pair"] = torch.tensor([p["pair"] for p in items], dtype=torch.int64)
+        for key in self.per_item:
+            batch[key] = torch.tensor([p[key] for p in items], dtype=torch.int64)
         return batch
 
 
@@ -76,6 +78,8 @@ class PreferenceTask(SFTTask):
     """What the log calls the items."""
     sides: tuple[str, str] = SIDES
     """The items' two rows, by column prefix, in the collated batch's order."""
+    per_item: tuple[str, ...] = ()
+    """Further columns of an item that its batches carry (task=kto's ``label``)."""
 
     def __init__(self, cfg: PreferenceConfig, reference_free: bool = False):
         super().__init__(cfg)
@@ -144,7 +148,7 @@ class PreferenceTask(SFTTask):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         pad = pad if pad is not None else 0
         self._explicit_mask = runtime.static_shapes
-        collate = PairCollator(pad, cfg.block_size if runtime.static_shapes else None, self.sides)
+        collate = PairCollator(pad, cfg.block_size if runtime.static_shapes else None, self.sides, self.per_item)
         stream = train if isinstance(train, PairStream) else None
         if stream is not None:
             self._check_stream(runtime, stream, self._bad_streamed(self._fields(Places(str(stream.path), "byte"))))
@@ -314,6 +318,22 @@ class PreferenceTask(SFTTask):
             self._check_sync(model)
         dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
         return model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
+
+    data_kind = "preference pairs"
+    """What the model card says the data is."""
+
+    def _trained_on(self) -> str:
+        """The model card's ``trained on``, before the reference: the objective and its settings."""
+        raise NotImplementedError
+
+    def card_facts(self) -> dict[str, str]:
+        cfg = self.cfg
+        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
+                 f"({self.data_kind}{', conversations' if self.conversational else ''})"}
+        if self.conversational:
+            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts["trained on"] = f"{self._trained_on()}, reference: {self._reference_facts()}"
+        return facts
 
     def _reference_facts(self) -> str:
         """What the model card says of the reference."""

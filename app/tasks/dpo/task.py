@@ -34,7 +34,6 @@ from torch import nn
 from app.config import ConfigError
 from app.tasks.base import StepOutput
 from app.tasks.causal_lm.batches import IGNORE_INDEX
-from app.tasks.causal_lm.models import model_source
 from app.tasks.dpo.config import DPOConfig, LossType
 from app.tasks.dpo.logps import Sequences, sequence_logps
 from app.tasks.dpo.objectives import Terms, metric_names, nll_kind, preference_losses
@@ -200,20 +199,14 @@ class DPOTask(PreferenceTask):
         totals = logits.double().sum(dim=0).tolist()
         return self.metrics_from_sums(dict(zip((*self.metric_names, "pairs"), totals, strict=False)))
 
-    def card_facts(self) -> dict[str, str]:
+    def _trained_on(self) -> str:
         cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"(preference pairs{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
         objective = " + ".join(kind.value if weight == 1 else f"{weight:g} × {kind.value}"
                                for kind, weight in zip(self.objectives, self.weights, strict=True))
         options = [f"label smoothing {cfg.label_smoothing}" if cfg.label_smoothing else "",
                    "WPO weighting" if cfg.use_weighting else "",
                    f"LD-DPO α = {cfg.ld_alpha}" if cfg.ld_alpha is not None else ""]
-        facts["trained on"] = (f"{objective} preference loss, β = {cfg.beta}"
-                               + "".join(f", {o}" for o in options if o) + f", reference: {self._reference_facts()}")
-        return facts
+        return f"{objective} preference loss, β = {cfg.beta}" + "".join(f", {o}" for o in options if o)
 
 
 def sequence_counts(labels: torch.Tensor, segment: torch.Tensor | None, mask: torch.Tensor | None, count: int,
