@@ -14,7 +14,7 @@ from app.config import ConfigError
 from app.tasks.dpo.config import BATCH_DEPENDENT, REFERENCE_FREE, SMOOTHED, DPOConfig, LossType
 from app.tasks.dpo.objectives import OBJECTIVES
 from tests.helpers.dpo_pairs import dpo_task_with, pair_batch, preference_rows, tiny_model
-from tests.helpers.tiny_chat import make_tokenizer
+from tests.helpers.tiny_chat import make_tiny_chat_llama, make_tokenizer
 
 BETA = 0.25
 LN2 = math.log(2)
@@ -117,3 +117,16 @@ def test_a_name_or_a_list_composes_from_the_command_line():
                           "task.loss_type=[sigmoid,bco_pair,sft]", "task.loss_weights=[0.8,0.2,1.0]").task
     assert one.objectives() == (LossType.hinge,)
     assert many.objectives() == (LossType.sigmoid, LossType.bco_pair, LossType.sft) and many.weights() == (0.8, 0.2, 1.0)
+
+
+def test_a_reference_free_objective_loads_no_reference(tmp_path):
+    """SimPO as a run builds it: no reference model beside the policy, no reference pass, a step all the same."""
+    from tests.test_dpo import dpo_task
+
+    model = make_tiny_chat_llama(tmp_path / "model")
+    task, data, runtime = dpo_task(tmp_path / "run", model, preference_rows(8), loss_type="simpo",
+                                   reference="copy")
+    policy = task.build_model().train()
+    assert task.reference is None and runtime.registered == []
+    out = task.step(policy, data.collate_fn([data.train[i] for i in range(3)]))
+    assert out.sample_losses.shape == (3,) and torch.isfinite(out.sample_losses).all()
