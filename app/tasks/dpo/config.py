@@ -120,9 +120,9 @@ class PreferenceConfig(SFTConfig):
         if self.beta <= 0:
             raise ConfigError(f"task.beta must be positive, got {self.beta}.")
         mode = self.reference_mode
-        if mode is Reference.folder and not (Path(self.reference).expanduser() / "config.json").is_file():
+        if mode is Reference.folder and not Path(self.reference).expanduser().is_dir():
             raise ConfigError(f"task.reference={self.reference} is none of copy, base and precomputed, nor a model "
-                              "folder (with config.json).")
+                              "folder.")
         if self.reference_batch_size < 1:
             raise ConfigError(f"task.reference_batch_size must be at least 1, got {self.reference_batch_size}.")
         if self.sync_ref_every is not None:
