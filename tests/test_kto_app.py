@@ -105,6 +105,7 @@ def test_a_stream_with_a_precomputed_reference_resumes_exactly(tmp_path, caplog)
     assert rows["whole"] == rows["stopped"] and any("train/kl" in r for r in rows["whole"])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lora_with_the_base_as_reference_in_bf16_trains_exports_and_evaluates(tmp_path):
     """The adapters off as the reference (their KL sequences too), bf16 autocast: the first step's loss is
