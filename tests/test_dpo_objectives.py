@@ -119,14 +119,20 @@ def test_a_name_or_a_list_composes_from_the_command_line():
     assert many.objectives() == (LossType.sigmoid, LossType.bco_pair, LossType.sft) and many.weights() == (0.8, 0.2, 1.0)
 
 
-def test_a_reference_free_objective_loads_no_reference(tmp_path):
-    """SimPO as a run builds it: no reference model beside the policy, no reference pass, a step all the same."""
+def test_a_reference_free_objective_loads_no_reference_and_aot_says_it_is_batch_dependent(tmp_path, caplog):
+    """SimPO as a run builds it: no reference model beside the policy, no reference pass, said at the
+    start, a step all the same; AOT says at the start that its loss depends on the batch's split."""
     from tests.test_dpo import dpo_task
 
     model = make_tiny_chat_llama(tmp_path / "model")
-    task, data, runtime = dpo_task(tmp_path / "run", model, preference_rows(8), loss_type="simpo",
-                                   reference="copy")
-    policy = task.build_model().train()
+    with caplog.at_level("INFO"):
+        task, data, runtime = dpo_task(tmp_path / "run", model, preference_rows(8), loss_type="simpo",
+                                       reference="copy")
+        policy = task.build_model().train()
+        dpo_task(tmp_path / "aot", model, preference_rows(8), loss_type="aot")
+    assert "no reference model: the objective reads the policy's log-probabilities alone" in caplog.text
+    assert ("task.loss_type=aot compares the pairs of each micro-batch with each other (it sorts their margins): "
+            "its loss depends on how the optimizer step's batch is split, by definition") in caplog.text
     assert task.reference is None and runtime.registered == []
     out = task.step(policy, data.collate_fn([data.train[i] for i in range(3)]))
     assert out.sample_losses.shape == (3,) and torch.isfinite(out.sample_losses).all()
