@@ -1,7 +1,8 @@
 """``task=dpo``: the memory a reference costs, and the training step against TRL's ``DPOTrainer``.
 
 1. **Peak memory by ``task.reference``**: ``python -m app task=dpo`` run in a fresh process per mode
-   (``copy``, ``precomputed``), the same Llama (``--hidden``/``--layers``, float32), pairs and steps; the
+   (``copy``, ``precomputed``, and a reference-free objective, ``task.loss_type=simpo``: no reference
+   model and no reference pass), the same Llama (``--hidden``/``--layers``, float32), pairs and steps; the
    figure is the process's peak resident memory (``ru_maxrss``) and its difference from ``copy``, beside
    the model's own size (the copy's cost).
 2. **Step time against TRL**: in one process, alternating rounds, the same model, pairs (one batch of
@@ -10,7 +11,7 @@
    collated batch with a ``ref_model``, backward, optimizer step), float32. The ratio is TRL's median step
    time / ours (> 1: ours faster). The whole trainers' overheads (loaders, logging) are not in it.
 
-    python bench/dpo.py [--hidden 256] [--layers 4] [--pairs 64] [--batch 8] [--steps 20] [--rounds 3]
+    python bench/dpo.py [--hidden 256] [--layers 4] [--pairs 64] [--batch 8] [--steps 20] [--rounds 3] [--memory-only]
 """
 
 from __future__ import annotations
@@ -43,12 +44,17 @@ def make_data(folder: Path, hidden: int, layers: int, pairs: int) -> None:
     write_jsonl(folder / "prefs.jsonl", preference_rows(pairs))
 
 
-def peak_memory(folder: Path, reference: str, batch: int, steps: int) -> int:
+MODES = {"copy": ("task.reference=copy",), "precomputed": ("task.reference=precomputed",),
+         "simpo (reference-free)": ("task.loss_type=simpo",)}
+"""The runs whose peak memory is measured, by name: their overrides."""
+
+
+def peak_memory(folder: Path, mode: str, batch: int, steps: int) -> int:
     args = ["task=dpo", f"task.config={folder / 'base'}", f"task.data_files.train={folder / 'prefs.jsonl'}",
-            "task.block_size=128", f"task.reference={reference}", f"trainer.batch_size={batch}",
+            "task.block_size=128", *MODES[mode], f"trainer.batch_size={batch}",
             f"trainer.max_steps={steps}", "logging.trackers=[]", "logging.progress_bar=false",
             "logging.print_config=false", "checkpoint.save_final_model=false", f"task.cache_dir={folder / 'cache'}",
-            f"hydra.run.dir={folder / ('run-' + reference)}"]
+            f"hydra.run.dir={folder / ('run-' + mode.split()[0])}"]
     out = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(args)], cwd=folder, capture_output=True, text=True,
                          check=True, env={"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     return int(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("MAXRSS"))) * 1024
@@ -119,6 +125,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--memory-only", action="store_true", help="only the peak memory (no TRL step times)")
     a = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -127,14 +134,15 @@ def main() -> None:
 
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder / "base"))
                      .parameters())
-        peaks = {ref: peak_memory(folder, ref, a.batch, a.steps) for ref in ("copy", "precomputed")}
-        ours, trl = step_times(folder, a.batch, a.steps, a.rounds)
+        peaks = {mode: peak_memory(folder, mode, a.batch, a.steps) for mode in MODES}
+        ours, trl = ([], []) if a.memory_only else step_times(folder, a.batch, a.steps, a.rounds)
     mib = 2 ** 20
     print(f"model: {params:,} parameters, {4 * params / mib:.1f} MiB in float32")
-    for ref, peak in peaks.items():
-        print(f"peak RSS task.reference={ref}: {peak / mib:.1f} MiB ({(peak - peaks['copy']) / mib:+.1f} MiB vs copy)")
-    print(f"step time (s): ours {statistics.median(ours):.4f}, TRL {statistics.median(trl):.4f}; "
-          f"TRL / ours = {statistics.median(trl) / statistics.median(ours):.2f}")
+    for mode, peak in peaks.items():
+        print(f"peak RSS {mode}: {peak / mib:.1f} MiB ({(peak - peaks['copy']) / mib:+.1f} MiB vs copy)")
+    if ours:
+            print(f"step time (s): ours {statistics.median(ours):.4f}, TRL {statistics.median(trl):.4f}; "
+              f"TRL / ours = {statistics.median(trl) / statistics.median(ours):.2f}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX
 from app.tasks.dpo.config import DPOConfig, LossType, Reference
-from app.tasks.dpo.loss import preference_losses
+from app.tasks.dpo.objectives import Terms, preference_losses
 from app.tasks.dpo.reference import logps_forward
 from app.tasks.dpo.task import DPOTask
 from app.tasks.sft.config import BadRows
@@ -81,8 +81,9 @@ def test_the_losses_are_the_formulas():
     reference = torch.tensor([[-11.0, -3.0, -7.0], [-11.5, -3.25, -8.0]])
     lengths = torch.tensor([[4, 2, 3], [5, 2, 6]])
     beta, eps = 0.3, 0.1
-    losses, metrics = preference_losses(policy, reference, lengths, beta, eps, LossType.sigmoid)
-    ipo, _ = preference_losses(policy, reference, lengths, beta, 0.0, LossType.ipo)
+    nll = torch.zeros(3)
+    losses, metrics = preference_losses(Terms(policy, reference, lengths, nll, beta, eps), (LossType.sigmoid,), (1.0,))
+    ipo, _ = preference_losses(Terms(policy, reference, lengths, nll, beta), (LossType.ipo,), (1.0,))
     for k in range(3):
         pc, pr, rc, rr = policy[0, k].item(), policy[1, k].item(), reference[0, k].item(), reference[1, k].item()
         z = beta * ((pc - rc) - (pr - rr))
@@ -129,7 +130,7 @@ def test_the_three_reference_modes_agree_and_the_first_loss_is_ln2(tmp_path, cha
 
     rows = preference_rows(20, seed=4)
     found = {}
-    for reference in Reference:
+    for reference in (Reference.copy, Reference.base, Reference.precomputed):
         task, data, runtime = dpo_task(tmp_path / reference.value, chat_llama, rows, reference=reference)
         model = task.build_model()
         if reference is Reference.base:

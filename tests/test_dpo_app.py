@@ -195,12 +195,14 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
                                                                        if k.startswith("eval/")}
 
 
-def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
+@pytest.mark.parametrize("loss_type", ["sigmoid", "[sigmoid,sft]"])
+def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path, loss_type):
     """Pairs of very different lengths, padded with other pairs in a batch of 8 or of 2: each pair is one
     item of the step's mean, and padding changes no pair's log-probabilities, so batch 2 with 4
     accumulation steps makes batch 8's update (within 1e-6 of its norm). The step's training metrics
     too: ``train/logps/*`` are the means of log-probabilities computed pair by pair without padding,
-    the rewards 0 (the policy is its reference), at either split."""
+    the rewards 0 (the policy is its reference), at either split. RPO's NLL term is the mean over the
+    chosen tokens of the whole step (their count totalled before the step), not of each micro-batch."""
     import torch
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -223,6 +225,7 @@ def test_one_sgd_step_is_the_same_at_batch_8_and_at_batch_2_x_4(tmp_path):
     args = ("task=dpo", f"task.model={model}", f"task.data_files.train={train}", f"task.data_files.validation={train}",
             f"task.cache_dir={tmp_path / 'cache'}", "optim=sgd", "optim.lr=0.5", "optim.momentum=0.0",
             "scheduler=constant", "trainer.max_grad_norm=null", "trainer.max_steps=1", "task.beta=0.5",
+            f"task.loss_type={loss_type}",
             "checkpoint.every_epoch=false", "checkpoint.export=last", "early_stopping.patience=null", *QUIET)
     start = weights(model / "model.safetensors")
     updates = {}

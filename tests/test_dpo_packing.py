@@ -33,11 +33,20 @@ def with_attention(model: torch.nn.Module, attention: str) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama, attention):
+OBJECTIVES = {"dpo": {}, "ld_wpo_rpo": {"ld_alpha": 0.5, "use_weighting": True, "loss_type": ["sigmoid", "sft"]},
+              "orpo": {"loss_type": "orpo"}}
+
+
+@pytest.mark.parametrize(("attention", "objective"), [("sdpa", "dpo"), ("eager", "dpo"), ("sdpa", "ld_wpo_rpo"),
+                                                      ("sdpa", "orpo")])
+def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama, attention, objective):
+    """Also with what reads more than the summed log-probabilities: LD-DPO's per-token weights (each
+    answer token's rank within its own sequence), WPO's aligned means, the answers' NLL term, and ORPO's
+    whole-sequence NLL (its tokens counted within each packed sequence)."""
     rows = preference_rows(14, seed=8)
-    plain, plain_data, _ = dpo_task(tmp_path / "plain", chat_llama, rows, beta=0.5)
-    packed, packed_data, _ = dpo_task(tmp_path / "packed", chat_llama, rows, beta=0.5, packing=True)
+    options = OBJECTIVES[objective]
+    plain, plain_data, _ = dpo_task(tmp_path / "plain", chat_llama, rows, beta=0.5, **options)
+    packed, packed_data, _ = dpo_task(tmp_path / "packed", chat_llama, rows, beta=0.5, packing=True, **options)
     assert isinstance(packed_data.train, PackedPairs) and len(packed_data.train) < len(plain_data.train)
     model = with_attention(plain.build_model(), attention)  # the frozen copy: the starting weights
     packed.reference = plain.reference
@@ -51,7 +60,9 @@ def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama,
     by_number = {n: i for i, n in enumerate(plain_data.train["pair"])}
     apart = plain_data.collate_fn([plain_data.train[by_number[n]] for n in order])  # the same pairs, one per row
     with torch.no_grad():
-        (logps, lengths), (logps_apart, lengths_apart) = packed._logps(model, batch), plain._logps(model, apart)
+        found, apart_found = packed._sequences(model, batch), plain._sequences(model, apart)
+        (logps, lengths), (logps_apart, lengths_apart) = (found.logps, found.lengths), (apart_found.logps,
+                                                                                       apart_found.lengths)
         assert torch.equal(lengths, lengths_apart)
         # float32 sums of ~70 token log-probabilities, added in another order: equal to a unit or two in the
         # last place (7.6e-6 there); what is computed from them is held to that rounding
@@ -66,13 +77,16 @@ def test_packed_pairs_give_the_unpacked_losses_and_metrics(tmp_path, chat_llama,
         assert sums["pairs"].tolist() == [len(packed_data.train[i]) for i in range(len(batch["input_ids"]))]
         assert abs(sums["loss"].sum() - losses_apart.sum()) < len(order) * rounding
         out = packed.step(model, batch)
+        if packed.reads_step_totals:  # the step's totals (pairs, NLL tokens) count what the unpacked batch counts
+            for name, values in packed.step_sums(model, batch).items():
+                assert int(values.sum()) == int(plain.step_sums(model, apart)[name].sum()), name
         assert abs(out.mean_loss() - losses_apart.mean()) < rounding
         # a 2-D mask (even all ones) turns the packed-sequence attention off: a sequence sees the one before
         seen = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                      attention_mask=torch.ones_like(batch["input_ids"])).logits
-    from app.tasks.dpo.loss import segment_logps
+    from app.tasks.dpo.logps import sequence_logps
 
-    contaminated, _ = segment_logps(seen, batch["labels"], batch["segment"], 2 * len(order))
+    contaminated = sequence_logps(seen, batch["labels"], batch["segment"], 2 * len(order)).logps
     assert (contaminated - logps_apart).abs().max() > 1e-2
 
 

@@ -16,12 +16,13 @@ import torch
 
 from app.tasks.dpo.config import LossType
 from app.tasks.dpo.fit import PairFit
-from app.tasks.dpo.loss import answer_logps, preference_losses
+from app.tasks.dpo.logps import answer_logps
+from app.tasks.dpo.objectives import Terms, preference_losses
 from app.tasks.dpo.pairs import PairFields, encode_pairs
+from app.tasks.dpo.preference import PairCollator
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, logps_forward
-from app.tasks.dpo.task import PairCollator
 from app.tasks.sft.records import Places
-from tests.helpers.dpo_pairs import preference_rows
+from tests.helpers.dpo_pairs import preference_rows, tiny_model
 from tests.helpers.tiny_chat import make_tokenizer
 
 trl = pytest.importorskip("trl", reason="trl (the test-only conformance reference of task=dpo) is not installed")
@@ -34,16 +35,6 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/acc
            "logps/rejected")
 
 
-def tiny_model(tokenizer, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    return LlamaForCausalLM(config)
-
-
 def ours(tokenizer, rows, policy, reference) -> tuple[float, dict[str, float]]:
     fields = PairFields("prompt", "chosen", "rejected", PairFit(1024), Places("prefs.jsonl", "line"))
     columns = {key: [row[key] for row in rows] for key in rows[0]}
@@ -53,8 +44,8 @@ def ours(tokenizer, rows, policy, reference) -> tuple[float, dict[str, float]]:
     logits = policy(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).logits
     logps, lengths = answer_logps(logits, batch["labels"])
     ref = reference(policy, batch, logps_forward)
-    losses, metrics = preference_losses(logps.view(2, -1), ref.view(2, -1), lengths.view(2, -1), BETA, 0.0,
-                                        LossType.sigmoid)
+    terms = Terms(logps.view(2, -1), ref.view(2, -1), lengths.view(2, -1), torch.zeros(len(rows)), BETA)
+    losses, metrics = preference_losses(terms, (LossType.sigmoid,), (1.0,))
     return losses.mean().item(), {k: v.mean().item() for k, v in metrics.items()}
 
 

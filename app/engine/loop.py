@@ -28,6 +28,7 @@ from app.engine.progress import Progress, human, human_metrics, with_progress
 from app.engine.pruning import NoPruning, Pruning
 from app.engine.samples import write_samples
 from app.engine.stop_reason import StopReason
+from app.engine.task_hooks import after_step_hook, with_step_totals
 from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
@@ -367,19 +368,21 @@ class Training:
         for a feature that is off)."""
         c, state = self.c, self.state
         inject_fault = fault_point(self.acc.process_index, self.interrupts)  # drills only: see app/engine/faults.py
-        hooks = (c.weight_average.update if c.weight_average is not None else None,
+        hooks = (after_step_hook(c.task, c.model, state),  # the task's own update (TR-DPO's reference), first
+                 c.weight_average.update if c.weight_average is not None else None,
                  (lambda: inject_fault(state.global_step)) if inject_fault is not None else None,
                  self.progress.update if self.progress.counts else None,
                  c.profiler.step if c.profiler is not None else None)
         return tuple(hook for hook in hooks if hook is not None)
 
     def epoch_batches(self) -> Any:
-        """The training loader at the state's epoch, from where a resumed epoch left off (its tokens
-        counted as they are drawn, for a task that counts them)."""
+        """The training loader at the state's epoch, from where a resumed epoch left off (tokens counted
+        as drawn, for a task that counts them; a step's batches drawn together, for one that reads its totals)."""
         loader, state = self.c.train_loader, self.state
         loader.set_epoch(state.epoch)
         batches = self.acc.skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
-        return batches if self.throughput.count_tokens is None else self.throughput.counted(batches)
+        batches = batches if self.throughput.count_tokens is None else self.throughput.counted(batches)
+        return with_step_totals(batches, self.acc, self.c.task, self.c.model)  # as they are unless the task reads them
 
     def on_optimizer_step(self) -> bool:
         """Count the step, run the per-step hooks, log the training loss every log_every_n_steps,
@@ -519,7 +522,7 @@ class Training:
         recorded, and stops training with stop_on_nan."""
         values = reading.result()
         loss = values[0] / max(values[1], 1)  # no items (every label masked): no loss to speak of
-        task_metrics = logged(metric_names, values[2:2 + len(metric_names)], values[1])
+        task_metrics = logged(metric_names, values[2:2 + len(metric_names)], values[1], self.c.task)
         tokens = values[2 + len(metric_names):]
         train_metrics = {
             "train/loss": loss,

@@ -6,7 +6,8 @@ in the logging window, beside the training loss, and kept like it:
 - reduced across processes at a log step in the window's one collective, stacked with the loss's sums;
 - logged as ``train/<name>``: the window's sum over the window's items, the mean ``train/loss`` is (for a
   task whose items are samples, the mean per sample), in the same line, ``metrics.jsonl`` row and
-  tracker call as ``train/loss``;
+  tracker call as ``train/loss``; or what the task derives from the sums (``DerivesTrainingMetrics``:
+  task=kto's means over the desirable answers alone);
 - held in the loop state as host floats by a checkpoint, every process's own (``TrainerState``), so a
   run resumed mid-window logs what the uninterrupted run logs.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from app.tasks.base import DerivesTrainingMetrics
 
 PREFIX = "train/"
 
@@ -47,10 +50,15 @@ def as_floats(sums: MetricSums) -> dict[str, float]:
     return {name: float(value) for name, value in sums.items()}
 
 
-def logged(names: tuple[str, ...], values: tuple[float, ...], items: float) -> dict[str, float]:
+def logged(names: tuple[str, ...], values: tuple[float, ...], items: float, task: Any = None) -> dict[str, float]:
     """The window's ``train/<name>`` values from its reduced sums (``values``, in ``names`` order) and
-    the items its loss sums; no items (every label masked): 0/1, as for the loss."""
-    return {PREFIX + name: value / max(items, 1) for name, value in zip(names, values, strict=True)}
+    the items its loss sums; no items (every label masked): 0/1, as for the loss. A task that derives
+    its metrics from the sums itself (``DerivesTrainingMetrics``: means over some of the samples, a
+    difference of two means) gives them instead."""
+    sums = dict(zip(names, values, strict=True))
+    if isinstance(task, DerivesTrainingMetrics):
+        return {PREFIX + name: value for name, value in task.training_metrics(sums, items).items()}
+    return {PREFIX + name: value / max(items, 1) for name, value in sums.items()}
 
 
 def restored(windows: list[dict[str, float]], rank: int, world_size: int) -> MetricSums | None:

@@ -14,7 +14,8 @@ per-process sums reduced across processes, instead of gathered per-sample output
 loss and perplexity), :class:`CheckpointsBlocks` (``trainer.gradient_checkpointing`` for a model that
 is not a Transformers one), :class:`DeclaresAdapterTaskType` (peft's task type, where the model's
 class does not say it) and :class:`DescribesData` (the log's account of the data), :class:`DescribesItself` (what the model card says of the model and the
-data). Sample lengths for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the
+data), :class:`ReadsStepTotals` (sums over the whole optimizer step before any of it is trained: KTO's KL
+estimate) and :class:`AfterOptimizerStep` (a task's own update after each optimizer step: TR-DPO's reference). Sample lengths for ``trainer.group_by_length`` are :attr:`TaskData.train_lengths` (None: the
 task gives none); further evaluation sets (GLUE MNLI's mismatched one) are :attr:`TaskData.extra_eval`.
 A training split may be a stream (``app.distributed.data.stream.ShardedStream``: each process reads its
 own part and checkpoints its own position); the config must then say so
@@ -132,8 +133,9 @@ class TaskRuntime(Protocol):
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save these objects (``state_dict``/``load_state_dict``, JSON-able) with every checkpoint and
         restore them on resume and ``mode=eval``: state the task derives from its data and a resumed
-        run must agree with (text_classification's label set). Call it on every process, in
-        ``build_data``, in the same order each time."""
+        run must agree with (text_classification's label set), or a model that changes beside the
+        trained one (an ``nn.Module``, saved as models are: a reference that moves). Call it on every
+        process, in ``build_data`` or ``build_model``, in the same order each time."""
         ...
 
     @property
@@ -338,4 +340,52 @@ class SummedMetrics(Protocol):
     def metrics_from_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """The evaluation set's metrics (keys without prefix, those of ``metric_names``) from the sums
         over all its samples; every process calls it with the same sums."""
+        ...
+
+
+@runtime_checkable
+class ReadsStepTotals(Protocol):
+    """A task whose loss reads totals over its whole optimizer step (every micro-batch, every process),
+    so that the loss is the same at any batch split: KTO's KL estimate z, the token count that an NLL
+    term averages over. Before the step's first micro-batch is trained, the engine draws the step's
+    micro-batches, sums :meth:`step_sums` over them (without gradients; the duplicates that complete an
+    epoch's last global batch left out), reduces the sums across processes and hands them to
+    :meth:`begin_step`; then it trains the micro-batches one by one as usual
+    (``app/engine/step_totals.py``). Training only: evaluation batches get no totals."""
+
+    @property
+    def reads_step_totals(self) -> bool:
+        """Whether this run needs the totals at all (the engine then draws steps ahead); False: never asked."""
+        ...
+
+    def step_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per-sample quantities (each 1-d, one entry per sample) of a training batch already on the
+        device, by name, computed under ``torch.no_grad()`` with the model in training mode."""
+        ...
+
+    def begin_step(self, totals: dict[str, torch.Tensor]) -> None:
+        """The step's sums (0-d tensors on the device, over every micro-batch of every process), before
+        the first ``step()`` of the step."""
+        ...
+
+
+@runtime_checkable
+class AfterOptimizerStep(Protocol):
+    """A task that updates something of its own after each optimizer step (TR-DPO's reference moving
+    towards the policy), on every process, before the step is logged, evaluated or checkpointed."""
+
+    def after_optimizer_step(self, model: nn.Module, step: int) -> None:
+        """``model``: the trained model as prepared; ``step``: the optimizer steps taken so far."""
+        ...
+
+
+@runtime_checkable
+class DerivesTrainingMetrics(Protocol):
+    """A task whose training metrics are not all means over the window's items: it turns the window's
+    sums of its ``StepOutput.sample_metrics`` into the logged values itself (task=kto: ``rewards/chosen``
+    over the desirable answers alone, ``rewards/margins`` a difference of two such means)."""
+
+    def training_metrics(self, sums: dict[str, float], items: float) -> dict[str, float]:
+        """The values logged as ``train/<name>`` (names without the prefix) from the window's sums over
+        every process (by ``sample_metrics`` name) and the items its loss sums."""
         ...

@@ -49,3 +49,64 @@ def preference_rows(n: int, seed: int = 0, form: str = "messages") -> list[dict]
             rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": good}],
                          "rejected": [{"role": "assistant", "content": bad}]})
     return rows
+
+
+def tiny_model(tokenizer, seed: int):
+    """A tiny Llama for ``tokenizer`` (random weights from ``seed``), float32."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    return LlamaForCausalLM(config)
+
+
+def pair_batch(tokenizer, rows: list[dict]) -> dict:
+    """``rows`` (prompt/chosen/rejected) as task=dpo's collated batch: chosen rows, then rejected rows."""
+    from app.tasks.dpo.fit import PairFit
+    from app.tasks.dpo.pairs import PairFields, encode_pairs
+    from app.tasks.dpo.preference import PairCollator
+    from app.tasks.sft.records import Places
+
+    fields = PairFields("prompt", "chosen", "rejected", PairFit(1024), Places("prefs.jsonl", "line"))
+    encoded = encode_pairs({key: [row[key] for row in rows] for key in rows[0]}, list(range(len(rows))), tokenizer,
+                           fields)
+    return PairCollator(tokenizer.eos_token_id)([{**{k: encoded[k][i] for k in encoded}, "pair": i}
+                                                 for i in range(len(rows))])
+
+
+def dpo_task_with(tokenizer, reference, **options):
+    """``DPOTask`` as a run builds it (its checks included), its tokenizer and reference model given
+    instead of loaded: a frozen copy of ``reference`` on one process in full precision."""
+    from app.distributed import Accelerator
+    from app.tasks.dpo.config import DPOConfig
+    from app.tasks.dpo.reference import FrozenCopy
+    from app.tasks.dpo.task import DPOTask
+
+    cfg = DPOConfig(config="unused", **options)
+    cfg.data_files.train = "unused.jsonl"
+    task = DPOTask(cfg)
+    task._tokenizer = tokenizer
+    if not task.reference_free:
+        task.reference = FrozenCopy(reference, Accelerator())
+    return task
+
+
+def kto_rows(n: int, seed: int = 0, form: str = "messages", desirable_share: float = 0.5) -> list[dict]:
+    """TRL's unpaired format: each row one answer of the toy grammar and whether it is desirable (it keeps
+    the subject's verb) — ``desirable_share`` of them — as messages (prompt and completion lists) or
+    ``text`` (strings)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        question, good, bad = pair(rng)
+        label = rng.random() < desirable_share
+        answer = good if label else bad
+        if form == "text":
+            rows.append({"prompt": question + " ", "completion": answer, "label": label})
+        else:
+            rows.append({"prompt": [{"role": "user", "content": question}],
+                         "completion": [{"role": "assistant", "content": answer}], "label": label})
+    return rows

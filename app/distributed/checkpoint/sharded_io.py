@@ -64,7 +64,7 @@ class ShardedStateIO:
         state = get_model_state_dict(model)
         if keep is not None:
             state = {k: v for k, v in state.items() if keep(k)}
-        if not staging.copy:
+        if not staging.copy or staging.now:
             dcp.save(state, storage_writer=writer)
             return [PendingShards(name, target, self.backend.process_index)]
         started = dcp.async_save(state, storage_writer=writer, process_group=staging.process_group)

@@ -50,6 +50,10 @@ class Staging:
     process_group: Any = None
     """The process group the ranks' writers synchronise on (torch.distributed.checkpoint's, in the
     writer thread); None: the default group."""
+    now: bool = False
+    """A library that writes its own files (FSDP2's shards) writes them while staging, even in an
+    asynchronous save: for a second model of the checkpoint, whose library-threaded write would run
+    its collectives beside the first one's on the same process group."""
 
     def host(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on the host: itself when it is there and no copy is needed, else a copy (into

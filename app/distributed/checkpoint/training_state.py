@@ -10,7 +10,8 @@ first; see ``store`` for the folder's life-cycle and ``format`` for the files):
 - ``scheduler.json``, ``scaler.json`` (fp16 only), ``dataloader.json`` (epoch, seed, samples
   consumed in the epoch; a loader whose position is each process's own, a stream's, writes
   ``dataloader_process_<rank>.json`` on every rank instead, and resumes only on as many processes),
-  ``custom_checkpoint_<i>.json|.safetensors`` (``register_for_checkpointing``);
+  ``custom_checkpoint_<i>.json|.safetensors`` (``register_for_checkpointing``; a registered ``nn.Module``
+  is written as a model is, by every rank: gathered, or sharded under FSDP2);
 - ``rng_state_<rank>.safetensors``: python, numpy, torch (and the device's) RNG states of every rank
   (``rng``);
 - ``accelerator_state.json``: the Accelerator's counters; and ``manifest.json``, written last.
@@ -24,6 +25,7 @@ call) and written either at once or, asynchronously, on the Accelerator's writer
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -285,6 +287,9 @@ def _stage(backend: Backend, objects: TrainingObjects, temporary: Path, staging:
         pending += io.save_optimizer(_owner(objects, optimizer), optimizer.optimizer, temporary,
                                      _name("optimizer", i), staging)
     pending.append(stage_state(temporary, f"rng_state_{backend.process_index}", capture_rng(backend), staging))
+    for i, obj in enumerate(objects.custom_objects):
+        if isinstance(obj, nn.Module):  # a registered model (a reference that moves): saved as models are, every rank
+            pending += io.save_model(obj, temporary, f"custom_checkpoint_{i}", dataclasses.replace(staging, now=True))
     for i, loader in enumerate(objects.dataloaders):
         if _per_process(loader):
             pending.append(stage_state(temporary, _loader_file(i, backend.process_index), loader.state_dict(),
@@ -298,7 +303,8 @@ def _stage(backend: Backend, objects: TrainingObjects, temporary: Path, staging:
             if not _per_process(loader):
                 pending.append(stage_state(temporary, _name("dataloader", i), loader.state_dict(), staging))
         for i, obj in enumerate(objects.custom_objects):
-            pending.append(stage_state(temporary, f"custom_checkpoint_{i}", obj.state_dict(), staging))
+            if not isinstance(obj, nn.Module):
+                pending.append(stage_state(temporary, f"custom_checkpoint_{i}", obj.state_dict(), staging))
         counters = objects.counters
         pending.append(stage_state(temporary, "accelerator_state", {"step": counters.step, "micro_step": counters.micro_step,
                                                                     "seed": counters.seed}, staging))
@@ -462,7 +468,10 @@ def load_state(backend: Backend, objects: TrainingObjects, input_dir: str | os.P
         load_into(loader, folder, _loader_file(i, backend.process_index) if _per_process(loader)
                   else _name("dataloader", i))
     for i, obj in enumerate(objects.custom_objects):
-        load_into(obj, folder, f"custom_checkpoint_{i}")
+        if isinstance(obj, nn.Module):
+            io.load_model(obj, folder, f"custom_checkpoint_{i}")
+        else:
+            load_into(obj, folder, f"custom_checkpoint_{i}")
     saved = read_state(folder, "accelerator_state")
     counters = Counters(step=int(saved["step"]), micro_step=int(saved["micro_step"]),
                         seed=int(saved["seed"]) if saved.get("seed") is not None else objects.counters.seed)

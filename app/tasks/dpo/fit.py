@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.tasks.dpo.config import DPOConfig
+from app.tasks.dpo.config import PreferenceConfig
 from app.tasks.sft.config import Overlong, TruncationMode
 from app.tasks.sft.conversations import BadRow
 from app.tasks.sft.truncation import cut_prompt
@@ -32,7 +32,7 @@ class PairFit:
     truncation_mode: TruncationMode = TruncationMode.keep_end
 
     @classmethod
-    def of(cls, cfg: DPOConfig) -> PairFit:
+    def of(cls, cfg: PreferenceConfig) -> PairFit:
         return cls(cfg.block_size, cfg.overlong, cfg.max_prompt_length, cfg.truncation_mode)
 
 
@@ -47,14 +47,15 @@ class Fitted:
     dropped: bool = False
 
 
-def fit_pair(sides: list[Side], fit: PairFit, bos: int | None) -> Fitted:
-    """The chosen and rejected sides fitted into ``fit.block_size``; BadRow with ``task.overlong=refuse``
-    for a side longer than it. ``bos``: the tokenizer's BOS, kept first in a cut prompt."""
+def fit_pair(sides: list[Side], fit: PairFit, bos: int | None, names: tuple[str, ...] = ("chosen", "rejected")
+             ) -> Fitted:
+    """The sides (the chosen and rejected ones; ``names`` says which they are) fitted into
+    ``fit.block_size``; BadRow with ``task.overlong=refuse`` for a side longer than it. ``bos``: the
+    tokenizer's BOS, kept first in a cut prompt."""
     cut = sides
     if fit.max_prompt_length is not None:
         cut = [cut_prompt(ids, labels, fit.max_prompt_length, fit.truncation_mode, bos) for ids, labels in cut]
-    long = [(name, len(ids)) for name, (ids, _) in zip(("chosen", "rejected"), cut, strict=True)
-            if len(ids) > fit.block_size]
+    long = [(name, len(ids)) for name, (ids, _) in zip(names, cut, strict=True) if len(ids) > fit.block_size]
     prompt_cut = cut != sides
     if not long:
         return Fitted(cut, prompt_cut=prompt_cut)

@@ -16,10 +16,11 @@ row's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.tasks.dpo.config import DPOConfig
+from app.tasks.dpo.config import PreferenceConfig
 from app.tasks.dpo.fit import Fitted, PairFit, fit_pair
 from app.tasks.sft.bad_rows import Skipped, skipped_of
 from app.tasks.sft.config import TrainOn
@@ -53,7 +54,7 @@ class PairFields:
     """The column of function schemas given to the chat template (``task.tools_field``)."""
 
     @classmethod
-    def of(cls, cfg: DPOConfig, places: Places) -> Self:
+    def of(cls, cfg: PreferenceConfig, places: Places) -> Self:
         return cls(cfg.prompt_field, cfg.chosen_field, cfg.rejected_field, PairFit.of(cfg), places, cfg.tools_field)
 
     def where(self, place: int) -> str:
@@ -72,48 +73,62 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
     prompt = row.get(fields.prompt) if fields.prompt in row else None
     if prompt is None:
         prompt, chosen, rejected = split_implicit(chosen, rejected, fields)
-    prompt, chosen, rejected = one_kind(prompt, chosen, rejected, fields)
-    kinds = {type(v) for v in (prompt, chosen, rejected)}
-    sides: list[Conversation | Plain]
+    names = (fields.chosen, fields.rejected)
+    prompt, answers = one_kind(prompt, [chosen, rejected], names, fields.prompt)
+    sides = answered(prompt, list(zip(names, answers, strict=True)), row, fields.prompt, fields.tools)
+    return sides[0], sides[1]
+
+
+def answered(prompt: Any, answers: list[tuple[str, Any]], row: dict[str, Any], prompt_field: str,
+             tools_field: str) -> list[Conversation | Plain]:
+    """The prompt with each of its answers (``(column, answer)``), one side each: three strings (BOS,
+    prompt, answer, EOS) or lists of messages (through the chat template, the row's tools given to it);
+    BadRow if unusable (an empty answer, one without an assistant turn, kinds that do not go together)."""
+    kinds = {type(prompt)} | {type(answer) for _, answer in answers}
     if kinds == {str}:
-        sides = [Plain(prompt, answer) for answer in (chosen, rejected)]
-        if not all(isinstance(side, Plain) and side.completion.strip() for side in sides):
-            raise BadRow(f"the {_empty(chosen, rejected, fields)} answer is empty")
-    elif kinds == {list}:
-        turns = messages(prompt, fields.prompt)
-        answers = [messages(a, f) for a, f in ((chosen, fields.chosen), (rejected, fields.rejected))]
-        for answer, name in zip(answers, (fields.chosen, fields.rejected), strict=True):
+        for name, answer in answers:
+            if not answer.strip():
+                raise BadRow(f"the {name!r} answer is empty")
+        return [Plain(prompt, answer) for _, answer in answers]
+    if kinds == {list}:
+        turns = messages(prompt, prompt_field)
+        conversations = [(messages(answer, name), name) for name, answer in answers]
+        for answer, name in conversations:
             if not any(m["role"] == "assistant" for m in answer):
                 raise BadRow(f"the {name!r} answer has no assistant turn")
             if not all(str(m.get("content", "")).strip() or m.get("tool_calls") for m in answer
                        if m["role"] == "assistant"):
                 raise BadRow(f"the {name!r} answer is empty")
-        schemas = tools(row, fields.tools)
-        sides = [Conversation(turns + answer, len(turns), schemas) for answer in answers]
+        schemas = tools(row, tools_field)
+        return [Conversation(turns + answer, len(turns), schemas) for answer, _ in conversations]
+    columns = [repr(prompt_field), *(repr(name) for name, _ in answers)]
+    raise BadRow(f"{', '.join(columns[:-1])} and {columns[-1]} must be strings or lists of messages")
+
+
+def one_kind(prompt: Any, answers: list[Any], names: tuple[str, ...], prompt_field: str) -> tuple[Any, list[Any]]:
+    """A prompt and answers of mixed kinds as lists of messages: a string prompt with conversations as
+    answers is the user turn they begin with (UltraFeedback-binarized's layout: the prompt is the
+    messages the answers share, or a single answer's turns before its first assistant turn, which must
+    hold it), else a user turn before them; a conversation with string answers gets each as one
+    assistant turn. Other kinds are returned as they are."""
+    if isinstance(prompt, list) and all(isinstance(a, str) for a in answers):
+        return prompt, [[{"role": "assistant", "content": a}] for a in answers]
+    if not (isinstance(prompt, str) and all(isinstance(a, list) for a in answers)):
+        return prompt, answers
+    if len(answers) > 1:
+        shared = min(shared_turns(answers[0], other) for other in answers[1:])
     else:
-        raise BadRow(f"{fields.prompt!r}, {fields.chosen!r} and {fields.rejected!r} must be strings or lists of "
-                     "messages")
-    return sides[0], sides[1]
-
-
-def one_kind(prompt: Any, chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any, Any, Any]:
-    """A prompt and answers of mixed kinds as three lists of messages: a string prompt with conversations
-    as answers is the user turn they begin with (UltraFeedback-binarized's layout: the prompt is the
-    messages they share, which must hold it), else a user turn before them; a conversation with string
-    answers gets each as one assistant turn. Other kinds are returned as they are."""
-    if isinstance(prompt, list) and isinstance(chosen, str) and isinstance(rejected, str):
-        return prompt, [{"role": "assistant", "content": chosen}], [{"role": "assistant", "content": rejected}]
-    if not (isinstance(prompt, str) and isinstance(chosen, list) and isinstance(rejected, list)):
-        return prompt, chosen, rejected
-    shared = shared_turns(chosen, rejected)
-    turns = chosen[:shared]
+        shared = next((k for k, m in enumerate(answers[0]) if isinstance(m, dict) and m.get("role") == "assistant"),
+                      len(answers[0]))
+    turns = answers[0][:shared]
     said = [m.get("content") for m in turns if isinstance(m, dict) and m.get("role") == "user"]
     if not said:
-        return [*turns, {"role": "user", "content": prompt}], chosen[shared:], rejected[shared:]
+        return [*turns, {"role": "user", "content": prompt}], [a[shared:] for a in answers]
     if not any(not isinstance(content, str) or content.strip() == prompt.strip() for content in said):
-        raise BadRow(f"the {fields.prompt!r} string is none of the user turns that {fields.chosen!r} and "
-                     f"{fields.rejected!r} begin with")
-    return turns, chosen[shared:], rejected[shared:]
+        columns = [repr(name) for name in names]
+        who = f"{', '.join(columns[:-1])} and {columns[-1]} begin" if len(columns) > 1 else f"{columns[0]} begins"
+        raise BadRow(f"the {prompt_field!r} string is none of the user turns that {who} with")
+    return turns, [a[shared:] for a in answers]
 
 
 def conversational(row: dict[str, Any], prompt_field: str, chosen_field: str) -> bool:
@@ -127,10 +142,6 @@ def shared_turns(chosen: list[Any], rejected: list[Any]) -> int:
     while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
         shared += 1
     return shared
-
-
-def _empty(chosen: str, rejected: str, fields: PairFields) -> str:
-    return repr(fields.chosen) if not chosen.strip() else repr(fields.rejected)
 
 
 def split_implicit(chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any, Any, Any]:
@@ -158,20 +169,11 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     ``raw`` (the row as it came, for a bad one) for ``bad_rows``. Errors are returned, not raised, as
     ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be torn down
     mid-work."""
-    finder = SpanFinder(tokenizer, TrainOn.assistant)
     rows = batch_rows(batch)
     places = [fields.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
-    formatted: list[Formatted] = []
-    errors: list[str] = []
-    for place, row in zip(places, rows, strict=True):
-        try:
-            formatted.extend([one_sequence(finder(side)) for side in read_pair(row_record(row), fields)])
-            errors.append("")
-        except BadRow as err:
-            errors.append(f"{fields.where(place)}: {err}.")
-        except UnusableTemplate as err:
-            errors.append(f"The chat template cannot be trained on: {err} ({fields.where(place)}); give "
-                          "task.chat_template=chatml or a Jinja file.")
+    formatted, found = formatted_rows(rows, places, fields.places, tokenizer,
+                                      lambda record: [(side, None) for side in read_pair(record, fields)])
+    errors = [f if isinstance(f, str) else "" for f in found]
     encoded = iter(tokenize(tokenizer, formatted))
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
                             **{count: [] for count in COUNTS}, "error": errors, "place": places, "raw": []}
@@ -189,6 +191,28 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
             out[count].append(int(getattr(fitted, count)))
         out["raw"].append(raw_text(row) if errors[k] else "")
     return out
+
+
+def formatted_rows(rows: list[dict[str, Any]], places: list[int], named: Places, tokenizer: PreTrainedTokenizerBase,
+                   read: Callable[[dict[str, Any]], list[tuple[Conversation | Plain, Any]]]
+                   ) -> tuple[list[Formatted], list[list[tuple[Conversation | Plain, Any]] | str]]:
+    """Each row's sides (``read``: a record -> its sides, each with what goes with it) formatted through
+    the template, all rows' in one list to tokenize at once; and per row its sides, or why it is bad (a
+    sentence naming its place)."""
+    finder = SpanFinder(tokenizer, TrainOn.assistant)
+    formatted: list[Formatted] = []
+    found: list[list[tuple[Conversation | Plain, Any]] | str] = []
+    for place, row in zip(places, rows, strict=True):
+        try:
+            sides = read(row_record(row))
+            formatted.extend(one_sequence(finder(side)) for side, _ in sides)
+            found.append(sides)
+        except BadRow as err:
+            found.append(f"{named.where(place)}: {err}.")
+        except UnusableTemplate as err:
+            found.append(f"The chat template cannot be trained on: {err} ({named.where(place)}); give "
+                         "task.chat_template=chatml or a Jinja file.")
+    return formatted, found
 
 
 def bad_pairs(texts: list[str], offsets: list[int], tokenizer: PreTrainedTokenizerBase,

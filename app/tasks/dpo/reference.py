@@ -1,7 +1,8 @@
 """The reference model's answer log-probabilities, three ways (``task.reference``):
 
-- :class:`FrozenCopy`: a copy of the starting weights, frozen, prepared by the runtime as the policy
-  is (device, autocast; under FSDP2 sharded with the same units, 1/N on each process).
+- :class:`FrozenCopy`: a copy of the starting weights (or another model's, ``task.reference=<folder>``),
+  frozen, prepared by the runtime as the policy is (device, autocast; under FSDP2 sharded with the same
+  units, 1/N on each process); TR-DPO moves it towards the policy (:meth:`FrozenCopy.move_towards`).
 - :class:`AdaptersDisabled`: the policy itself with peft's adapters disabled (``disable_adapter()``),
   through the prepared model (DDP, FSDP2, autocast alike).
 - :class:`Precomputed`: a table of values, one row (chosen, rejected) per pair of the training and
@@ -23,7 +24,7 @@ from torch import nn
 
 from app.config import ConfigError
 from app.tasks.base import TaskRuntime
-from app.tasks.dpo.loss import answer_logps
+from app.tasks.dpo.logps import answer_logps
 
 if TYPE_CHECKING:
     from app.tasks.dpo.stream import PairStream
@@ -41,12 +42,22 @@ class FrozenCopy:
     with the policy's ``fully_shard`` units: each process holds 1/N of it, and its forward is a
     collective that every process runs at every step, as it runs the policy's."""
 
-    def __init__(self, model: nn.Module, runtime: TaskRuntime):
-        self.model = runtime.prepare_model(copy.deepcopy(model).requires_grad_(False), evaluation_mode=True)
+    def __init__(self, model: nn.Module, runtime: TaskRuntime, copied: bool = True):
+        """``copied=False``: ``model`` is the reference's own (loaded for it), frozen as it is."""
+        reference = copy.deepcopy(model) if copied else model
+        self.model = runtime.prepare_model(reference.requires_grad_(False), evaluation_mode=True)
 
     def __call__(self, policy: nn.Module, batch: dict[str, torch.Tensor], forward: Forward) -> torch.Tensor:
         with torch.no_grad():
             return forward(self.model, batch)
+
+    def move_towards(self, policy: nn.Module, alpha: float) -> None:
+        """TR-DPO's update ``ref ← α·policy + (1-α)·ref``, parameter by parameter: the copy was taken from
+        the policy (before any adapter), so both list their parameters in the same order, and under FSDP2
+        both are sharded alike (each process mixes its own shards)."""
+        with torch.no_grad():
+            for reference, trained in zip(self.model.parameters(), policy.parameters(), strict=True):
+                reference.mul_(1 - alpha).add_(trained.detach(), alpha=alpha)
 
 
 class AdaptersDisabled:

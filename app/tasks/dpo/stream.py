@@ -15,30 +15,29 @@ yet handed out; a resumed run seeks there and goes on exactly, reading nothing b
 from __future__ import annotations
 
 import copy
-import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from app.tasks.causal_lm.stream import LineReader, LineStream
-from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.dpo.pairs import SIDES
 from app.tasks.sft.records import PLACE, RECORD
 from app.tasks.sft.stream import records_read
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
 COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
+
+RowsOf = Callable[[list[str], list[int]], list[dict[str, Any]]]
+"""A read-ahead's records (their lines' texts) and their byte offsets -> the items they make."""
 
 
 class PairStream(LineStream):
-    """Pairs (``chosen_ids``, ``chosen_labels``, ``rejected_ids``, ``rejected_labels``, ``pair``: the
-    line's byte offset) read from ``path`` from byte ``begin``: an ``app.distributed.data.stream.ShardedStream``."""
+    """Items of two token rows each (task=dpo: ``chosen_ids``, ``chosen_labels``, ``rejected_ids``,
+    ``rejected_labels``, ``pair``: the line's byte offset; ``rows_of`` makes them from a read-ahead's
+    records) read from ``path`` from byte ``begin``: an ``app.distributed.data.stream.ShardedStream``."""
 
-    def __init__(self, path: Path, begin: int, tokenizer: PreTrainedTokenizerBase, fields: PairFields):
-        super().__init__(path, begin, LineReader(path, None), lambda texts: [], fields.fit.block_size, False)
-        self.fields = fields
-        self.encode_pairs = functools.partial(encode_pairs, tokenizer=tokenizer, fields=fields)
+    def __init__(self, path: Path, begin: int, rows_of: RowsOf, block_size: int):
+        super().__init__(path, begin, LineReader(path, None), lambda texts: [], block_size, False)
+        self.rows_of = rows_of
 
     def state_dict(self) -> dict[str, Any]:
         state = self._state
@@ -46,7 +45,7 @@ class PairStream(LineStream):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict({**state, "pending": []})
-        self._state["pending"] = [{k: (int(v) if k == "pair" else [int(x) for x in v]) for k, v in row.items()}
+        self._state["pending"] = [{k: ([int(x) for x in v] if isinstance(v, list) else int(v)) for k, v in row.items()}
                                   for row in state["pending"]]
 
     def from_the_start(self) -> PairStream:
@@ -56,11 +55,12 @@ class PairStream(LineStream):
         return clone
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        return records_read(self.path, self.end, self._state, self._pairs)
+        return records_read(self.path, self.end, self._state, self.rows_of)
 
-    def _pairs(self, texts: list[str], offsets: list[int]) -> list[dict[str, Any]]:
-        """The records' pairs; bad ones (found and judged before training: ``SFTTask._check_stream``) and dropped
-        ones left out."""
-        out = self.encode_pairs({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
-        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))
-                if not out["dropped"][k] and not out["error"][k]]
+
+def stream_pairs(texts: list[str], offsets: list[int], encode: Callable[..., dict[str, list]]) -> list[dict[str, Any]]:
+    """The records' pairs (``encode``: ``pairs.encode_pairs`` with the run's tokenizer and fields); bad ones
+    (found and judged before training: ``SFTTask._check_stream``) and dropped ones left out."""
+    out = encode({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
+    return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))
+            if not out["dropped"][k] and not out["error"][k]]

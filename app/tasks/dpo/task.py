@@ -1,25 +1,30 @@
 """``DPOTask``: preference tuning. ``task=sft``'s model, tokenizer, chat template and export, on pairs of
-a chosen and a rejected answer to the same prompt; the loss (``task.loss_type``) compares the policy's
-answer log-probabilities with the reference's (``task.reference``, see ``reference.py``).
+a chosen and a rejected answer to the same prompt; the objective (``task.loss_type``, one of the table in
+``objectives.py`` or a weighted list of them) compares the policy's answer log-probabilities with the
+reference's (``task.reference``, ``preference.py``), or reads the policy's alone (SimPO, CPO, ORPO: no
+reference model at all).
 
 Each batch holds its pairs' chosen rows, then their rejected rows, padded together: one forward pass
 gives both, so they see the same weights (and dropout state). With ``task.packing=true`` a row holds
 whole pairs, each side a sequence of its own (``packing.py``); a row is then one of the engine's samples,
 its loss the sum over its pairs and its items their count. A pair is one item of the engine's loss
 (``StepOutput(sample_losses=per pair, sample_items=1)``): the loss is the mean over the pairs of the
-whole optimizer step, at any batch split. Evaluation sums TRL's metrics per pair on each process and
-reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``, ``eval/rewards/chosen``,
-``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``, ``logps/rejected``;
-training logs the same six over each logging window's pairs (``train/rewards/chosen``...:
+whole optimizer step, at any batch split. An NLL term (``sft``, CPO's, ORPO's) is TRL's mean over the
+chosen tokens: over the optimizer step's, whose count the engine totals before the step
+(``app.tasks.base.ReadsStepTotals``), so it too is the same at any split; only AOT, which sorts the
+micro-batch's margins, depends on the split by definition (said at the start). Evaluation sums TRL's
+metrics per pair on each process and reduces them (``app.tasks.base.SummedMetrics``): ``eval/loss``,
+``eval/rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``,
+``logps/chosen``, ``logps/rejected`` (CPO, SimPO, ORPO: ``nll_loss``; ORPO: ``log_odds_ratio``,
+``log_odds_chosen``); training logs the same over each logging window's pairs (``train/rewards/chosen``...:
 ``StepOutput.sample_metrics``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
-from dataclasses import asdict
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,123 +32,64 @@ import torch
 from torch import nn
 
 from app.config import ConfigError
-from app.tasks.base import StepOutput, TaskData, TaskRuntime
-from app.tasks.causal_lm.documents import hold_out
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
-from app.tasks.dpo.config import DPOConfig, Reference
-from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
-from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
+from app.tasks.base import StepOutput
+from app.tasks.causal_lm.batches import IGNORE_INDEX
+from app.tasks.dpo.config import DPOConfig, LossType
+from app.tasks.dpo.logps import Sequences, sequence_logps
+from app.tasks.dpo.objectives import Terms, metric_names, nll_kind, preference_losses
+from app.tasks.dpo.packing import per_row
 from app.tasks.dpo.pairs import (
-    COUNTS,
-    SIDES,
     PairFields,
     bad_pairs,
     conversational,
     encode_pairs,
     pair_features,
 )
-from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
-from app.tasks.dpo.stream import PairStream
-from app.tasks.sft.attention import check_isolation, model_inputs, use_eager_attention
-from app.tasks.sft.bad_rows import skipped_of
-from app.tasks.sft.packing import SFTCollator
-from app.tasks.sft.records import Places, sample_records
-from app.tasks.sft.task import SFTTask
-from app.tasks.text.sources import Split, check_data_files
-from app.tasks.text.task import digest, run_main_first
-from app.tasks.text.tokenization import cache_root, tokenizer_fingerprint
+from app.tasks.dpo.preference import PreferenceTask
+from app.tasks.dpo.stream import PairStream, stream_pairs
+from app.tasks.sft.bad_rows import Skipped
+from app.tasks.sft.records import Places
+from app.tasks.text.task import digest
 
 if TYPE_CHECKING:
     import datasets
 
-CACHE_VERSION = 4
-"""Part of the cache key: bump it when ``encode_pairs`` changes what it produces."""
-METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-           "logps/rejected")
+log = logging.getLogger(__name__)
 
 
-class PairCollator:
-    """Pairs into one batch: the chosen rows, then the rejected rows (``SFTCollator``: padded on the
-    right, -100 labels, an attention mask where lengths differ), and each pair's row number ``pair``."""
-
-    def __init__(self, pad_id: int, fixed_length: int | None = None):
-        self.rows = SFTCollator(pad_id, fixed_length)
-
-    def __call__(self, pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
-                           for side in SIDES for p in pairs])
-        batch["pair"] = torch.tensor([p["pair"] for p in pairs], dtype=torch.int64)
-        return batch
-
-
-class DPOTask(SFTTask):
-    metric_names: tuple[str, ...] = ("loss", *METRICS)  # type: ignore[assignment]
-
+class DPOTask(PreferenceTask):
     def __init__(self, cfg: DPOConfig):
-        super().__init__(cfg)
+        super().__init__(cfg, reference_free=cfg.reference_free)
         self.cfg: DPOConfig = cfg
-        self.conversational = False
-        self._runtime: TaskRuntime | None = None
-        """``build_data``'s runtime: ``build_model`` prepares the reference copy with it."""
-        self.reference: FrozenCopy | AdaptersDisabled | Precomputed | None = \
-            AdaptersDisabled() if cfg.reference is Reference.base else None
+        self.objectives, self.weights = cfg.objectives(), cfg.weights()
+        self.metric_names = ("loss", *metric_names(self.objectives[0]))  # type: ignore[assignment]
+        self.nll = nll_kind(self.objectives, self._cpo_alpha)
+        """The NLL an objective reads (``answer``, ``whole``), None for none."""
+        self._step_scale: torch.Tensor | None = None
+        """The optimizer step's pairs over its NLL tokens (``begin_step``); None: the batch's own."""
 
-    # -- data ----------------------------------------------------------------------------------------------
+    @property
+    def _cpo_alpha(self) -> float:
+        alpha = self.cfg.cpo_alpha
+        return alpha if alpha is not None else 1.0 if LossType.cpo in self.objectives else 0.0
 
-    def build_data(self, runtime: TaskRuntime) -> TaskData:
-        check_data_files(self.cfg.data_files)
-        if not runtime.is_main_process:
-            import datasets
+    # -- data: task=dpo's rows (the pipeline is PreferenceTask's) ----------------------------------------------
 
-            datasets.disable_progress_bars()
-        self._runtime = runtime  # build_model prepares the reference copy with it
-        train, evaluation, key = run_main_first(runtime, self._pairs_streamed if self.cfg.streaming else self._pairs_read)
-        tokenizer = self.tokenizer
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        pad = pad if pad is not None else 0
-        self._explicit_mask = runtime.static_shapes
-        collate = PairCollator(pad, self.cfg.block_size if runtime.static_shapes else None)
-        stream = train if isinstance(train, PairStream) else None
-        if stream is not None:
-            self._check_stream(runtime, stream, functools.partial(bad_pairs, tokenizer=tokenizer, fields=stream.fields))
-        if self.cfg.reference is Reference.precomputed:  # its pass runs pair by pair, packed or not
-            self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
-                                         self.cfg.reference_batch_size, runtime, stream)
-            runtime.register_for_checkpointing(self.reference)
-        if self.cfg.packing:  # map-style only (the schema refuses packing with streaming)
-            packed_train, packed_eval = PackedPairs(train, self.cfg.block_size), PackedPairs(evaluation, self.cfg.block_size)
-            self._splits_read.append(f"packed: {len(train):,} training pairs into {len(packed_train):,} rows of "
-                                     f"{packed_train.capacity} tokens (2 × task.block_size), {len(evaluation):,} "
-                                     f"evaluation ones into {len(packed_eval):,}")
-            fixed = packed_train.capacity if runtime.static_shapes else None
-            return TaskData(train=packed_train, eval=packed_eval, collate_fn=PackedPairCollator(pad, fixed))
-        lengths = None if stream else [max(len(c), len(r))
-                                       for c, r in zip(train["chosen_ids"], train["rejected_ids"], strict=True)]
-        return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
+    def _fields(self, places: Places) -> PairFields:
+        return PairFields.of(self.cfg, places)
 
-    def _pairs_streamed(self) -> tuple[PairStream, datasets.Dataset, str]:
-        """The training file as a stream of pairs (``stream.PairStream``, each named by its line's byte
-        offset); evaluation: the validation file, else the file's first ``task.eval_documents`` records
-        (held out of the stream), named -1, -2… Also returns a key of the pairs."""
-        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
-        assert cfg.data_files.train is not None  # the schema's check for streaming
-        path = Path(cfg.data_files.train).expanduser()
-        (evaluation, places), begin, sample = self._stream_start(path, root)
-        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), str(path))
-        if conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
-            self.conversational = True
-            self._check_template()
-        data, fitted = self._tokenize(evaluation, places, "validation", root)
-        size = path.stat().st_size
-        after = " after the evaluation records" if begin else ""
-        self._splits_read = [
-            (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
-             f"{'conversations' if self.conversational else 'text'}), read while training"),
-            f"validation: {len(data):,} pairs of {evaluation.origin}{fitted}"]
-        fields = PairFields.of(cfg, Places(str(path), "byte"))
-        return (PairStream(path, begin, self.tokenizer, fields),
-                data.add_column("pair", [-(k + 1) for k in range(len(data))]),
-                digest(path.name, str(size), str(begin), evaluation.fingerprint))
+    def _encoder(self, fields: Any) -> Callable[..., dict[str, list]]:
+        return functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields)
+
+    def _features(self) -> datasets.Features:
+        return pair_features()
+
+    def _bad_streamed(self, fields: Any) -> Callable[[list[str], list[int]], list[Skipped]]:
+        return functools.partial(bad_pairs, tokenizer=self.tokenizer, fields=fields)
+
+    def _stream(self, path: Path, begin: int, fields: Any) -> PairStream:
+        return PairStream(path, begin, functools.partial(stream_pairs, encode=self._encoder(fields)),
+                          self.cfg.block_size)
 
     def _check_columns(self, columns: list[str], origin: str) -> None:
         cfg = self.cfg
@@ -153,109 +99,79 @@ class DPOTask(SFTTask):
                               f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
                               "task.prompt_field, task.chosen_field and task.rejected_field.")
 
-    def _pairs_read(self) -> tuple[datasets.Dataset, datasets.Dataset, str]:
-        """Both splits read, checked, tokenized (cached), held out; each pair numbered (training pairs
-        first) for the precomputed reference table. Also returns a key of the pairs."""
-        cfg, root = self.cfg, cache_root(self.cfg.cache_dir, self.cfg.name)
-        splits = self._read(root / "raw")
-        train, _ = splits["train"]
-        sample = sample_records(train.data)
-        self._check_columns(list(dict.fromkeys(key for record in sample for key in record)), train.origin)
-        if sample and conversational(sample[0], cfg.prompt_field, cfg.chosen_field):
-            self.conversational = True
-            self._check_template()
-        rows, read = {}, []
-        for name, (split, places) in splits.items():
-            data, fitted = self._tokenize(split, places, name, root)
-            rows[name] = Split(data, digest(split.fingerprint, "dpo-rows"), split.origin)
-            read.append(f"{name}: {len(data):,} pairs of {split.origin}"
-                        f" ({'conversations' if self.conversational else 'text'})"
-                        + fitted)
-        if "validation" not in rows:
-            rows["train"], rows["validation"] = hold_out(rows["train"], cfg.eval_fraction, cfg.split_seed)
-            read.append(f"evaluation: {len(rows['validation'].data):,} of them held out (task.eval_fraction="
-                        f"{cfg.eval_fraction}, task.split_seed={cfg.split_seed})")
-        self._splits_read = read
-        train_rows, eval_rows = rows["train"].data, rows["validation"].data
-        train_rows = train_rows.add_column("pair", list(range(len(train_rows))))
-        eval_rows = eval_rows.add_column("pair", list(range(len(train_rows), len(train_rows) + len(eval_rows))))
-        return train_rows, eval_rows, digest(rows["train"].fingerprint, rows["validation"].fingerprint)
+    def _conversational(self, record: dict[str, Any]) -> bool:
+        return conversational(record, self.cfg.prompt_field, self.cfg.chosen_field)
 
-    def _tokenize(self, split: Split, places: Places, name: str, root: Path) -> tuple[datasets.Dataset, str]:
-        """The split's pairs (cached), its bad ones judged (``task.bad_rows``) and the dropped ones left out, and
-        what was skipped, cut and dropped, for the log."""
-        cfg = self.cfg
-        fields = PairFields.of(cfg, places)
-        payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
-                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected, fields.tools],
-                   "fit": asdict(fields.fit), "data": split.fingerprint}
-        key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
-        root.mkdir(parents=True, exist_ok=True)
-        data = split.data.map(functools.partial(encode_pairs, tokenizer=self.tokenizer, fields=fields), batched=True,
-                              with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
-                              num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
-                              desc=f"Tokenizing {cfg.name} {name}",
-                              features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
-                              load_from_cache_file=True)
-        bad = skipped_of(data, places)
-        self._judge(bad, len(data), places.origin)
-        counts = {count: sum(data[count]) for count in COUNTS}
-        if counts["dropped"] or bad:
-            data = data.select([i for i, (dropped, error) in enumerate(zip(data["dropped"], data["error"], strict=True))
-                                if not dropped and not error])
-        skipped = f", {len(bad):,} bad row(s) skipped (skipped_rows.jsonl)" if bad else ""
-        return data.remove_columns([*COUNTS, "error", "place", "raw"]), skipped + self._fitted(counts)
+    def _reference_key(self, key: str) -> str:
+        return key if self.cfg.ld_alpha is None else digest(key, f"ld_alpha={self.cfg.ld_alpha}")
 
-    def _fitted(self, counts: dict[str, int]) -> str:
-        """``, 3 with their prompt cut (task.max_prompt_length=64, keep_end), 1 with an answer cut at
-        task.block_size=128, 2 dropped as longer than task.block_size=128``: each pair counted once in each."""
-        cfg = self.cfg
-        to = f"task.max_prompt_length={cfg.max_prompt_length}" if cfg.max_prompt_length is not None \
-            else f"to half of task.block_size={cfg.block_size}"
-        said = [f"{counts['prompt_cut']:,} with their prompt cut ({to}, {cfg.truncation_mode.value})"
-                if counts["prompt_cut"] else "",
-                f"{counts['answer_cut']:,} with an answer cut at task.block_size={cfg.block_size}"
-                if counts["answer_cut"] else "",
-                f"{counts['dropped']:,} dropped as longer than task.block_size={cfg.block_size} (task.overlong=drop)"
-                if counts["dropped"] else ""]
-        return "".join(f", {part}" for part in said if part)
+    def _said_at_start(self) -> None:
+        for kind in self.cfg.batch_dependent:
+            log.info("task.loss_type=%s compares the pairs of each micro-batch with each other (it sorts their "
+                     "margins): its loss depends on how the optimizer step's batch is split, by definition", kind.value)
 
-    # -- model and steps -----------------------------------------------------------------------------------
+    # -- steps -------------------------------------------------------------------------------------------
 
-    def build_model(self) -> nn.Module:
-        model = load_model(self.cfg, self.tokenizer, grow_vocabulary=True)
-        self._flops_per_token = flops_per_token(model, self.cfg.block_size)
-        if self._explicit_mask:
-            use_eager_attention(model)  # before the copy: the reference runs the same attention
-        if self.cfg.packing:
-            check_isolation(model, self._explicit_mask)
-        if self.cfg.reference is Reference.copy and self.reference is None:
-            # Before any adapter: the starting weights. Once: an adapter's export rebuilds the model on
-            # the main process alone, and preparing a copy under FSDP2 takes every process.
-            if self._runtime is None:
-                raise RuntimeError("build_data() keeps the runtime that prepares the reference copy; call it first.")
-            self.reference = FrozenCopy(model, self._runtime)
-        return model
-
-    def _logps(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each side's summed answer log-probability and answer length, chosen sides first (packed or not)."""
-        dtype = model.get_input_embeddings().weight.dtype if self._explicit_mask else torch.float32  # type: ignore[operator]
-        logits = model(**model_inputs(batch, self._explicit_mask, dtype), use_cache=False).logits
-        if "segment" in batch:
-            return segment_logps(logits, batch["labels"], batch["segment"], 2 * len(batch["pair"]))
-        return answer_logps(logits, batch["labels"])
+    def _sequences(self, model: nn.Module, batch: Any, policy: bool = True) -> Sequences:
+        """Each side's log-probabilities, chosen sides first (packed or not); for the policy, what the
+        objectives read besides (WPO's aligned means, ORPO's whole sequences)."""
+        logits = self._logits(model, batch)
+        packed = "segment" in batch
+        whole = policy and self.nll == "whole"
+        real = batch.get("attention_mask") if whole and not packed else None
+        return sequence_logps(logits, batch["labels"], batch.get("segment"), 2 * len(batch["pair"]) if packed else None,
+                              ld_alpha=self.cfg.ld_alpha, weighting=policy and self.cfg.use_weighting,
+                              input_ids=batch["input_ids"] if whole else None, real=real)
 
     def _reference_logps(self, model: nn.Module, batch: Any) -> torch.Tensor:
-        return self._logps(model, batch)[0]
+        return self._sequences(model, batch, policy=False).logps
 
     def _pairs(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Per pair: the loss and TRL's metrics (one forward of the policy over both sides)."""
-        policy, lengths = self._logps(model, batch)
-        assert self.reference is not None  # build_data / build_model chose it
-        reference = self.reference(model, batch, self._reference_logps)
+        found = self._sequences(model, batch)
+        policy = found.logps.view(2, -1)
+        if self.reference_free:
+            reference = torch.zeros_like(policy)
+        else:
+            assert self.reference is not None  # build_data / build_model chose it
+            reference = self.reference(model, batch, self._reference_logps).view(2, -1).to(policy.dtype)
         cfg = self.cfg
-        return preference_losses(policy.view(2, -1), reference.view(2, -1).to(policy.dtype), lengths.view(2, -1),
-                                 cfg.beta, cfg.label_smoothing, cfg.loss_type)
+        terms = Terms(policy, reference, found.lengths.view(2, -1), self._nll(found, batch, model.training), cfg.beta,
+                      cfg.label_smoothing, cfg.discopop_tau, cfg.simpo_gamma, self._cpo_alpha)
+        weights = None
+        if found.aligned is not None:  # WPO: each pair weighted by its two answers' probabilities
+            weights = torch.exp(found.aligned.view(2, -1)).prod(dim=0)
+        return preference_losses(terms, self.objectives, self.weights, weights)
+
+    def _nll(self, found: Sequences, batch: Any, training: bool) -> torch.Tensor:
+        """Per pair, the chosen side's NLL scaled by the optimizer step's pairs over its NLL tokens
+        (training; :meth:`begin_step`) or the batch's own (evaluation, or a step without totals), so that
+        the mean over the pairs is TRL's mean over the chosen tokens; zeros when no objective reads it."""
+        pairs = len(batch["pair"])
+        if self.nll is None:
+            return found.logps.new_zeros(pairs)
+        if self.nll == "whole":
+            assert found.whole is not None and found.whole_lengths is not None
+            nll, tokens = -found.whole[:pairs], found.whole_lengths[:pairs]
+        else:
+            nll, tokens = -found.plain[:pairs], found.lengths[:pairs]
+        scale = self._step_scale if training and self._step_scale is not None else pairs / tokens.sum().clamp(min=1)
+        return nll * scale
+
+    @property
+    def reads_step_totals(self) -> bool:
+        return self.nll is not None
+
+    def step_sums(self, model: nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Per sample (a row, packed), its pairs and their chosen NLL tokens (from the labels: no forward)."""
+        pairs = len(batch["pair"])
+        labels = batch["labels"]
+        tokens = sequence_counts(labels, batch.get("segment"), batch.get("attention_mask"), 2 * pairs,
+                                 whole=self.nll == "whole")[:pairs]
+        return {"pairs": per_row(torch.ones_like(tokens), batch), "nll_tokens": per_row(tokens, batch)}
+
+    def begin_step(self, totals: dict[str, torch.Tensor]) -> None:
+        self._step_scale = totals["pairs"] / totals["nll_tokens"].clamp(min=1)
 
     def step(self, model: nn.Module, batch: Any) -> StepOutput:
         """Each pair's loss; a pair is one item of the step's mean. TRL's metrics per pair too: the engine
@@ -283,12 +199,30 @@ class DPOTask(SFTTask):
         totals = logits.double().sum(dim=0).tolist()
         return self.metrics_from_sums(dict(zip((*self.metric_names, "pairs"), totals, strict=False)))
 
-    def card_facts(self) -> dict[str, str]:
+    def _trained_on(self) -> str:
         cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"(preference pairs{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
-        facts["trained on"] = (f"{cfg.loss_type.value} preference loss, β = {cfg.beta}, reference: "
-                               f"{cfg.reference.value}")
-        return facts
+        objective = " + ".join(kind.value if weight == 1 else f"{weight:g} × {kind.value}"
+                               for kind, weight in zip(self.objectives, self.weights, strict=True))
+        options = [f"label smoothing {cfg.label_smoothing}" if cfg.label_smoothing else "",
+                   "WPO weighting" if cfg.use_weighting else "",
+                   f"LD-DPO α = {cfg.ld_alpha}" if cfg.ld_alpha is not None else ""]
+        return f"{objective} preference loss, β = {cfg.beta}" + "".join(f", {o}" for o in options if o)
+
+
+def sequence_counts(labels: torch.Tensor, segment: torch.Tensor | None, mask: torch.Tensor | None, count: int,
+                    whole: bool = False) -> torch.Tensor:
+    """Per sequence (rows, or a packed batch's ``count`` segments): its answer tokens, or (``whole``) every
+    token after its first (``mask``: an unpacked batch's real tokens), as
+    :func:`app.tasks.dpo.logps.sequence_logps` counts them."""
+    if segment is None:
+        if not whole:
+            return (labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
+        real = mask.bool() if mask is not None else torch.ones_like(labels, dtype=torch.bool)
+        return real[:, 1:].sum(dim=1)
+    if whole:
+        counted = (segment[:, 1:] == segment[:, :-1]) & (segment[:, 1:] < count)
+    else:
+        counted = labels[:, 1:] != IGNORE_INDEX
+    owner = torch.where(counted, segment[:, 1:], count).flatten()
+    return torch.zeros(count + 1, dtype=torch.int64, device=labels.device).index_add_(
+        0, owner, torch.ones_like(owner))[:count]
