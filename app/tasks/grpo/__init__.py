@@ -1,0 +1,8 @@
+"""``task=grpo`` (to come): online reinforcement learning of a Transformers causal language model from
+rewards the user writes — completions generated for each prompt with the current weights, scored by
+reward functions, learnt with GRPO's clipped objective against group-relative advantages. Built on
+``task=sft`` (model, tokenizer, chat template, chunked log-probabilities) and ``task=dpo`` (the
+reference model options); the completion token is the item of the engine's loss (``loss_type=dapo``).
+
+- ``config``: the schema (``GRPOConfig``: sft's fields plus generation, rewards, advantages, objective).
+"""
