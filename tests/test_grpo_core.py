@@ -1,13 +1,33 @@
-"""``task=grpo``'s schema, before the task: composed through Hydra (rewards as a list of free-form entries) and
-read; bad values refused in one sentence."""
+"""``task=grpo``'s pure parts, before the task: its schema (composed through Hydra, rewards as a list of
+free-form entries; bad values refused in one sentence); the advantages and reward metrics against TRL 1.16's
+own ``GRPOTrainer`` code (``tests/helpers/trl_grpo.py``)."""
 
 from __future__ import annotations
 
+import importlib.util
+import math
+
 import pytest
+import torch
 
 from app.config import ConfigError
+from app.tasks.grpo.advantages import (
+    RewardError,
+    group_advantages,
+    reward_column,
+    reward_metrics,
+    reward_table,
+    summed_rewards,
+)
 from app.tasks.grpo.config import GRPOConfig, GRPOLoss, ScaleRewards
 from tests.conftest import CONF_DIR
+from tests.helpers.trl_grpo import trl_scores
+
+needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
+                               reason="trl (the test-only conformance reference of task=grpo) is not installed")
+
+
+
 
 # -- the schema ------------------------------------------------------------------------------------------------
 
@@ -70,5 +90,50 @@ def test_bad_values_are_refused_in_one_sentence(compose_grpo, override, sentence
     with pytest.raises(ConfigError) as refused:
         task.check()
     assert sentence in str(refused.value) and str(refused.value).count(". ") == 0
+
+
+# -- rewards and advantages ------------------------------------------------------------------------------------
+
+COMPLETIONS = [[3, 7, 0], [5, 0], [7, 7, 7, 0], [1], [2, 2], [7], [9, 9, 9], [4, 0], [6], [6], [6], [6]]
+"""Three prompts' groups of 4: the third group's rewards are all equal (zero std)."""
+
+
+def length(completions, completion_ids, **columns):
+    return [None if i == 4 else float(len(ids)) if i < 8 else 1.0 for i, ids in enumerate(completion_ids)]
+
+
+def sevens(completions, completion_ids, **columns):
+    return [None if i in (0, 4, 9) else float(ids.count(7)) if i < 8 else 0.0 for i, ids in enumerate(completion_ids)]
+
+
+@needs_trl
+@pytest.mark.parametrize("scale", list(ScaleRewards))
+def test_advantages_and_reward_metrics_equal_trl(scale):
+    """Completion 4 is unscored (every function returned None): TRL leaves it out of its group's
+    baseline and of the statistics, and gives it advantage 0; so do we."""
+    weights = [1.0, 0.5]
+    table = reward_table([reward_column(f.__name__, f(None, COMPLETIONS), len(COMPLETIONS)) for f in (length, sevens)])
+    scored = group_advantages(summed_rewards(table, torch.tensor(weights)), 4, scale)
+    theirs, their_metrics = trl_scores(COMPLETIONS, [length, sevens], weights, 4, scale)
+    torch.testing.assert_close(scored.advantages, theirs, atol=1e-6, rtol=0)
+    assert scored.advantages[4] == 0 and math.isnan(scored.rewards[4])
+    ours = reward_metrics(table, ["length", "sevens"], scored)
+    assert ours.keys() == their_metrics.keys()
+    for name, value in ours.items():
+        assert value == pytest.approx(their_metrics[name], abs=1e-6), name
+    if scale is ScaleRewards.group:
+        assert ours["frac_reward_zero_std"] == pytest.approx(4 / 12)  # the third group
+
+
+@pytest.mark.parametrize(("values", "sentence"), [
+    (0.5, "returned float, not a list of 3 numbers"),
+    ([1.0, 2.0], "returned 2 values for 3 completions"),
+    ([1.0, "yes", None], "returned 'yes' for completion 1"),
+    ([1.0, float("nan"), None], "returned nan for completion 1"),
+])
+def test_a_reward_output_that_cannot_be_used_is_refused(values, sentence):
+    with pytest.raises(RewardError, match=sentence.replace("(", r"\(")):
+        reward_column("exact", values, 3)
+    assert reward_column("exact", [True, 2, None], 3)[:2] == [1.0, 2.0]
 
 

@@ -5,4 +5,6 @@ reward functions, learnt with GRPO's clipped objective against group-relative ad
 reference model options); the completion token is the item of the engine's loss (``loss_type=dapo``).
 
 - ``config``: the schema (``GRPOConfig``: sft's fields plus generation, rewards, advantages, objective).
+- ``advantages``: reward outputs checked, weighted and summed (None: no opinion), group-relative
+  advantages, TRL's reward metrics.
 """
