@@ -1,6 +1,7 @@
 """``task=grpo``'s pure parts, before the task: its schema (composed through Hydra, rewards as a list of
-free-form entries; bad values refused in one sentence); the advantages and reward metrics against TRL 1.16's
-own ``GRPOTrainer`` code (``tests/helpers/trl_grpo.py``)."""
+free-form entries; bad values refused in one sentence); the advantages and reward metrics and, for each loss
+type with and without the KL term, the loss, its gradient and its metrics against TRL 1.16's own
+``GRPOTrainer`` code (``tests/helpers/trl_grpo.py``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from app.tasks.grpo.advantages import (
     summed_rewards,
 )
 from app.tasks.grpo.config import GRPOConfig, GRPOLoss, ScaleRewards
+from app.tasks.grpo.loss import Objective, grpo_loss
 from tests.conftest import CONF_DIR
-from tests.helpers.trl_grpo import trl_scores
+from tests.helpers.trl_grpo import trl_loss, trl_scores
 
 needs_trl = pytest.mark.skipif(importlib.util.find_spec("trl") is None,
                                reason="trl (the test-only conformance reference of task=grpo) is not installed")
@@ -135,5 +137,76 @@ def test_a_reward_output_that_cannot_be_used_is_refused(values, sentence):
     with pytest.raises(RewardError, match=sentence.replace("(", r"\(")):
         reward_column("exact", values, 3)
     assert reward_column("exact", [True, 2, None], 3)[:2] == [1.0, 2.0]
+
+
+# -- the loss against TRL --------------------------------------------------------------------------------------
+
+ROWS, LENGTH, MICRO_BATCHES = 12, 7, 2
+
+
+def loss_inputs(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A generation batch of 12 completions (4 prompts × 3) of 0 to 7 tokens: the policy's, the
+    generation-time (ratios up to ±35 %: both clips act) and the reference's log-probabilities."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 0, 2, 7, 4, 7, 5, 3])
+    mask = (torch.arange(LENGTH)[None] < lengths[:, None]).long()
+    logps = -torch.rand(ROWS, LENGTH, generator=g) * 3
+    return {"logps": logps, "old": logps + (torch.rand(ROWS, LENGTH, generator=g) - 0.5) * 0.6,
+            "ref": logps + (torch.rand(ROWS, LENGTH, generator=g) - 0.5), "mask": mask,
+            "advantages": torch.randn(ROWS, generator=g), "entropies": torch.rand(ROWS, LENGTH, generator=g) * 4}
+
+
+def step_loss(data: dict[str, torch.Tensor], logps: torch.Tensor, objective: Objective, splits: int):
+    """Our loss of the optimizer step as the engine trains on it: per-completion sums and items over
+    ``splits`` micro-batches, the sum divided by the items."""
+    total, items = 0.0, 0.0
+    for rows in torch.arange(ROWS).chunk(splits):
+        out = grpo_loss(logps[rows], data["advantages"][rows], data["mask"][rows], objective, data["old"][rows],
+                        data["ref"][rows], data["entropies"][rows])
+        total, items = total + out.sample_losses.sum(), items + out.sample_items.sum()
+    return total / items
+
+
+@needs_trl
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", list(GRPOLoss))
+def test_loss_gradient_and_metrics_equal_trl(loss_type, beta):
+    data = loss_inputs()
+    objective = Objective(loss_type, 0.2, 0.28, beta, LENGTH)
+    ours_logps = data["logps"].clone().requires_grad_()
+    ours = step_loss(data, ours_logps, objective, MICRO_BATCHES)
+    ours.backward()
+    theirs_logps = data["logps"].clone().requires_grad_()
+    theirs, their_metrics = 0.0, {}
+    for rows in torch.arange(ROWS).chunk(MICRO_BATCHES):
+        inputs = {"completion_mask": data["mask"][rows], "advantages": data["advantages"][rows],
+                  "old_per_token_logps": data["old"][rows], "num_items_in_batch": data["mask"].sum(),
+                  **({"ref_per_token_logps": data["ref"][rows]} if beta else {})}
+        loss, their_metrics = trl_loss(theirs_logps[rows], inputs, loss_type, 0.2, 0.28, beta, LENGTH, MICRO_BATCHES,
+                                       data["entropies"][rows])
+        theirs = theirs + loss
+    theirs.backward()
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-6)
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, atol=1e-6, rtol=0)
+    # the metrics of the last micro-batch, as TRL logs them
+    rows = torch.arange(ROWS).chunk(MICRO_BATCHES)[-1]
+    out = grpo_loss(data["logps"][rows], data["advantages"][rows], data["mask"][rows], objective, data["old"][rows],
+                    data["ref"][rows], data["entropies"][rows])
+    ours_metrics = {name: (sums.sum() / out.tokens.sum()).item() for name, sums in out.token_sums.items()}
+    ours_metrics["clip_ratio/low_min"] = out.sequence_clip["clip_ratio/low_min"].nan_to_num(torch.inf).min().item()
+    ours_metrics["clip_ratio/high_max"] = out.sequence_clip["clip_ratio/high_max"].nan_to_num(-torch.inf).max().item()
+    assert ours_metrics.keys() == their_metrics.keys()
+    for name, value in ours_metrics.items():
+        assert value == pytest.approx(their_metrics[name], abs=1e-6), name
+    assert 0 < ours_metrics["clip_ratio/region_mean"] < 1  # the clip acts on this batch
+
+
+@pytest.mark.parametrize("loss_type", [GRPOLoss.dapo, GRPOLoss.grpo, GRPOLoss.dr_grpo])
+def test_the_step_loss_does_not_depend_on_the_split(loss_type):
+    data = loss_inputs(seed=1)
+    objective = Objective(loss_type, 0.2, 0.2, 0.04, LENGTH)
+    whole = step_loss(data, data["logps"], objective, 1)
+    for splits in (2, 3, 4, 12):
+        assert step_loss(data, data["logps"], objective, splits).item() == pytest.approx(whole.item(), abs=1e-6)
 
 

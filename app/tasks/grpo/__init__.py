@@ -7,4 +7,6 @@ reference model options); the completion token is the item of the engine's loss 
 - ``config``: the schema (``GRPOConfig``: sft's fields plus generation, rewards, advantages, objective).
 - ``advantages``: reward outputs checked, weighted and summed (None: no opinion), group-relative
   advantages, TRL's reward metrics.
+- ``loss``: the per-token objective (clipped ratio, k3 KL) and its four aggregations as the engine's
+  per-sample (summed loss, items), with TRL's metrics.
 """
