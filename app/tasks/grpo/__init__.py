@@ -9,4 +9,6 @@ reference model options); the completion token is the item of the engine's loss 
   advantages, TRL's reward metrics.
 - ``loss``: the per-token objective (clipped ratio, k3 KL) and its four aggregations as the engine's
   per-sample (summed loss, items), with TRL's metrics.
+- ``sampling``: reproducible rollouts (counter-based Gumbel-max keyed by seed, step, prompt and k; a
+  KV-cache generation loop over left-padded prompts).
 """
