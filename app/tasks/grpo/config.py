@@ -138,8 +138,11 @@ class GRPOConfig(SFTConfig):
     num_iterations: int = 1
     """Optimizer passes over each generation batch (μ); above 1 the ratio leaves 1 and the clip acts."""
     steps_per_generation: int | None = None
-    """Optimizer-step-sized slices of one generation batch (null: trainer.gradient_accumulation_steps
-    micro-batches, i.e. one optimizer step per generation)."""
+    """Micro-batches one generation batch is cut into (TRL's meaning): each process generates for
+    ``steps_per_generation × trainer.batch_size`` prompts at once, then trains on them
+    ``num_iterations`` times, slice by slice. null: trainer.gradient_accumulation_steps (one generation
+    per optimizer step and iteration); above it, later slices are trained on after optimizer steps
+    (off-policy: the ratio to the generation-time probabilities and its clip act)."""
     beta: float = 0.0
     """Weight of the k3 KL estimate to the reference model (0: no KL, and no reference in memory)."""
     reference: Reference = Reference.copy
