@@ -55,23 +55,26 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def compose_grpo():
-    """Compose the app's real config with ``task=grpo_schema`` (GRPOConfig, stored as the other task
-    schemas are; not yet an option of conf/task), then remove it from the ConfigStore."""
+    """Compose the app's real config with ``task=grpo`` (conf/task/grpo.yaml over GRPOConfig)."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
 
-    from app.cli.configure import schema_node, to_run_config
+    from app.cli.configure import register_configs, to_run_config
 
-    store = ConfigStore.instance()
-    store.store(group="task", name="grpo_schema", node=schema_node(GRPOConfig))
-    base = ["task=grpo_schema", "task.model=m", "task.data_files.train=prompts.jsonl"]
+    register_configs()
+    base = ["task=grpo", "task.model=m", "task.data_files.train=prompts.jsonl"]
 
     def composed(*overrides: str):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             return to_run_config(compose(config_name="config", overrides=[*base, *overrides])).task
 
-    yield composed
-    store.repo["task"].pop("grpo_schema.yaml")
+    return composed
+
+
+def test_a_reward_entry_takes_a_key_it_lacked_without_a_plus(compose_grpo):
+    """task.rewards is a list of free-form entries: an entry's key it lacks is set as a dict field's would be
+    (app/cli/configure.py opens the list's entries as it opens dict fields)."""
+    task = compose_grpo("task.rewards=[{_target_: my.reward}]", "task.rewards.0.weight=0.5", "task.rewards.0.bonus=2")
+    assert task.reward_specs()[0].weight == 0.5 and task.reward_specs()[0].kwargs == {"bonus": 2}
 
 
 def test_rewards_compose_as_free_entries_and_are_read(compose_grpo):
@@ -90,7 +93,7 @@ def test_rewards_compose_as_free_entries_and_are_read(compose_grpo):
 
 @pytest.mark.parametrize(("override", "sentence"), [
     ("task.num_generations=1", "task.num_generations must be at least 2"),
-    ("task.max_completion_length=512", "below task.block_size (512"),
+    ("task.max_completion_length=1024", "below task.block_size (1024"),
     ("task.top_p=0", "task.top_p must be in (0, 1]"),
     ("task.epsilon=1.5", "task.epsilon must be in (0, 1)"),
     ("task.beta=-0.1", "task.beta must be 0"),

@@ -13,6 +13,8 @@
   template, the loss on the assistant's tokens, packing without cross-attention (built on ``causal_lm``).
 - ``dpo/``: ``task=dpo``, preference tuning (DPO, IPO) on chosen/rejected pairs, the reference model a
   frozen copy, the LoRA model with its adapters disabled, or values precomputed once (built on ``sft``).
+- ``grpo/``: ``task=grpo``, online reinforcement learning from reward functions: completions generated in
+  the loop, group-relative advantages, GRPO's clipped objective (built on ``sft`` and ``dpo``'s reference).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -28,6 +30,7 @@ from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits.config import DigitsConfig
 from app.tasks.dpo.config import DPOConfig
 from app.tasks.external import external_task_class
+from app.tasks.grpo.config import GRPOConfig
 from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
 
@@ -40,6 +43,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "causal_lm": CausalLMConfig,
     "sft": SFTConfig,
     "dpo": DPOConfig,
+    "grpo": GRPOConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -57,6 +61,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.dpo.task import DPOTask
 
         return DPOTask(cfg)
+    if isinstance(cfg, GRPOConfig):  # before sft: its schema extends sft's
+        from app.tasks.grpo.task import GRPOTask
+
+        return GRPOTask(cfg)
     if isinstance(cfg, SFTConfig):  # before causal_lm: its schema extends causal_lm's
         from app.tasks.sft.task import SFTTask
 
@@ -71,4 +79,4 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "SFTConfig", "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "GRPOConfig", "SFTConfig", "TextClassificationConfig", "build_task"]

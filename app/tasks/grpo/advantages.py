@@ -34,12 +34,13 @@ class RewardError(ValueError):
 
 def reward_column(name: str, values: Any, expected: int) -> list[float]:
     """A reward function's output checked: a list (or tuple) of exactly ``expected`` numbers or None (never
-    one value broadcast), each finite; None becomes NaN."""
+    one value broadcast), each finite; None becomes NaN. ``name`` begins the refusal's sentence (the
+    function, and where it was called)."""
     if not isinstance(values, (list, tuple)):
-        raise RewardError(f"reward {name} returned {type(values).__name__}, not a list of {expected} numbers "
+        raise RewardError(f"{name} returned {type(values).__name__}, not a list of {expected} numbers "
                           "(one per completion, None for no opinion).")
     if len(values) != expected:
-        raise RewardError(f"reward {name} returned {len(values)} values for {expected} completions (one per "
+        raise RewardError(f"{name} returned {len(values)} values for {expected} completions (one per "
                           "completion, None for no opinion).")
     column = []
     for i, value in enumerate(values):
@@ -47,7 +48,7 @@ def reward_column(name: str, values: Any, expected: int) -> list[float]:
             column.append(math.nan)
             continue
         if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-            raise RewardError(f"reward {name} returned {value!r} for completion {i}, which is neither a finite "
+            raise RewardError(f"{name} returned {value!r} for completion {i}, which is neither a finite "
                               "number nor None.")
         column.append(float(value))
     return column

@@ -26,6 +26,7 @@ completions (every micro-batch, every process) divided by the sum of their items
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -68,6 +69,17 @@ def token_logps_and_entropies(logits: torch.Tensor, targets: torch.Tensor,
     picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(log_probs.exp() * log_probs).sum(dim=-1)
     return picked, entropy
+
+
+def logp_entropy_values(temperature: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A chunk's values for ``sft/chunked.py``: ``(batch, chunk, 2)``, each position's log-probability of its
+    target (0 where it has none: -100) and its entropy (detached: a metric), at ``temperature``."""
+    def values(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        known = targets >= 0
+        logps, entropies = token_logps_and_entropies(logits, targets.clamp(min=0), temperature)
+        return torch.stack([logps * known, entropies.detach() * known], dim=-1)
+
+    return values
 
 
 def grpo_loss(logps: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, objective: Objective,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -130,11 +130,13 @@ def _keyword_of(model: nn.Module, new: str, old: str) -> str | None:
 @torch.no_grad()
 def generate(model: nn.Module, prompts: Sequence[Sequence[int]], keys: torch.Tensor, sampling: Sampling,
              max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, pad_to: int | None = None,
-             rows_to: int | None = None) -> Rollout:
+             rows_to: int | None = None, all_done: Callable[[bool], bool] | None = None) -> Rollout:
     """Complete each prompt (token ids) with its row key (:func:`row_keys`), with a KV cache, left
     padding and positions counted from each row's first token. ``pad_to``: left-pad every prompt to this
     length, ``rows_to``: run this many rows (dummy rows after the real ones), so that the shapes, and
-    with them each row's logits, do not depend on the other prompts (see the module's docstring)."""
+    with them each row's logits, do not depend on the other prompts (see the module's docstring).
+    ``all_done``: whether every process's rows are done, given this one's (a model sharded over the
+    processes runs each forward pass on all of them, so they decode for as many steps as the longest)."""
     device = next(model.parameters()).device
     rows = len(prompts)
     width = max(len(p) for p in prompts) if pad_to is None else pad_to
@@ -165,7 +167,8 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]], keys: torch.Ten
         token = torch.where(done, pad_id, sample_tokens(logits, keys, at, sampling))
         tokens.append(token)
         done = done | torch.isin(token, stops)
-        if t + 1 == max_new_tokens or bool(done[:rows].all()):
+        rows_done = bool(done[:rows].all())
+        if t + 1 == max_new_tokens or (all_done(rows_done) if all_done is not None else rows_done):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
