@@ -40,8 +40,8 @@ def reward_column(name: str, values: Any, expected: int) -> list[float]:
         raise RewardError(f"{name} returned {type(values).__name__}, not a list of {expected} numbers "
                           "(one per completion, None for no opinion).")
     if len(values) != expected:
-        raise RewardError(f"{name} returned {len(values)} values for {expected} completions (one per "
-                          "completion, None for no opinion).")
+        raise RewardError(f"{name} returned {len(values)} value{'' if len(values) == 1 else 's'} for {expected} "
+                          "completions (one per completion, None for no opinion).")
     column = []
     for i, value in enumerate(values):
         if value is None:
