@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from app.config import ConfigError, InputError
@@ -269,3 +270,45 @@ def test_one_sgd_step_is_the_same_at_every_split_from_the_same_completions(tmp_p
     assert all(gap <= 1e-5 for gap in gaps.values()), gaps
     assert all(made == completions["batch 4"] for made in completions.values())
     assert len(completions["batch 4"]) == 16
+
+
+# -- LoRA, bf16, gradient checkpointing, a KL term, a reward model, a sweep; mode=eval ---------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_sweep_of_lora_bf16_checkpointed_runs_with_a_kl_and_a_reward_model_trains_exports_and_evaluates(
+        tmp_path, prompts):
+    """Two jobs (dapo, grpo): LoRA with its adapters off as the KL's reference, bf16 autocast, recomputed
+    activations, a one-label classifier as a second reward; each exports its adapter and merged weights,
+    which ``mode=eval`` evaluates to the run's own last ``eval/reward``."""
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.helpers.text_data import vocabulary_text
+    from tests.helpers.tiny_bert import make_tiny_bert
+
+    judge = make_tiny_bert(tmp_path / "judge", vocabulary_text(), dropout=0.0)
+    AutoModelForSequenceClassification.from_pretrained(judge, num_labels=1, ignore_mismatched_sizes=True
+                                                       ).save_pretrained(judge)
+    sweep = tmp_path / "sweep"
+    run_app("-m", *prompts, f"task.rewards=[{{_target_: {REWARDS}.word_share}}, {{reward_model: {judge}, "
+            "name: judge, weight: 0.5}]", "task.num_generations=4", "task.max_completion_length=6",
+            "trainer.batch_size=2", "trainer.max_steps=3", "trainer.max_epochs=-1", "trainer.log_every_n_steps=1",
+            "adapter=lora", "precision=bf16", "trainer.gradient_checkpointing=true", "task.beta=0.04",
+            "task.reference=base", "task.loss_type=dapo,grpo", "optim.lr=1e-3", f"hydra.sweep.dir={sweep}",
+            cwd=tmp_path, env=ENV, check=True, timeout=400)
+    assert len((sweep / "sweep.csv").read_text().splitlines()) == 3  # a header, two jobs
+    for job in ("0", "1"):
+        run = sweep / job
+        trained = [r for r in metrics_rows(run) if "train/loss" in r]
+        assert len(trained) == 3 and all(r["train/kl"] >= 0 for r in trained)
+        assert {"train/rewards/judge/mean", "train/rewards/word_share/mean"} <= set(trained[-1])
+        assert (run / "model" / "adapter" / "adapter_config.json").exists()
+        final = [r for r in metrics_rows(run) if "eval/reward" in r][-1]
+        out = tmp_path / f"eval-{job}"
+        out.mkdir()
+        overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())  # the job's own
+        run_in_process(compose_config(*overrides, "mode=eval", f"resume={run / 'model'}"), out)
+        measured = json.loads((out / "eval_metrics.json").read_text())["metrics"]
+        assert measured["eval/reward"] == pytest.approx(final["eval/reward"], rel=1e-4, abs=1e-6)
+    assert "GRPO (grpo loss, β = 0.04, reference: base)" in (sweep / "1" / "model" / "README.md").read_text()

@@ -44,7 +44,7 @@ class RewardModel:
     """``{reward_model: <folder>}``: a one-label ``AutoModelForSequenceClassification`` (a ``task=reward_model``
     export, or any), in evaluation mode on the policy's device; a completion's score is its first logit over
     the prompt and the completion, formatted by the reward model's own chat template for a conversational
-    prompt (as TRL scores), else their texts joined."""
+    prompt (as TRL scores; a classifier without one: the turns' texts, one a line), else their texts joined."""
 
     def __init__(self, folder: str):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -55,16 +55,22 @@ class RewardModel:
         except (OSError, ValueError) as err:
             raise ConfigError(f"reward_model={folder} cannot be loaded as a sequence classifier: "
                               f"{str(err).splitlines()[0]}") from None
+        labels = self.model.config.num_labels
+        if labels != 1:
+            raise ConfigError(f"reward_model={folder} has {labels} labels; a reward model scores with one (its first "
+                              "logit is the reward): give a one-label sequence classifier.")
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
     @torch.no_grad()
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         texts = []
+        templated = bool(getattr(self.tokenizer, "chat_template", None))
         for prompt, completion in zip(prompts, completions, strict=True):
-            if isinstance(prompt, list):
-                rendered = self.tokenizer.apply_chat_template([*prompt, *completion], tokenize=False)
-                texts.append(str(rendered))
+            if isinstance(prompt, list) and templated:
+                texts.append(str(self.tokenizer.apply_chat_template([*prompt, *completion], tokenize=False)))
+            elif isinstance(prompt, list):  # a classifier without a template: the turns' texts, one a line
+                texts.append("\n".join(str(m.get("content", "")) for m in [*prompt, *completion]))
             else:
                 texts.append(str(prompt) + str(completion))
         inputs = self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt",

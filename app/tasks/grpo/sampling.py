@@ -123,6 +123,8 @@ class Rollout(NamedTuple):
 def _keyword_of(model: nn.Module, new: str, old: str) -> str | None:
     """The name the model's forward takes an argument by (Transformers renamed some), None if neither."""
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    base = getattr(inner, "get_base_model", None)  # a peft model passes its keywords on to its base model's
+    inner = base() if callable(base) else inner
     parameters = inspect.signature(inner.forward).parameters
     return new if new in parameters else old if old in parameters else None
 
