@@ -179,9 +179,10 @@ def test_a_reward_that_raises_mid_run_exits_1_with_its_sentence_and_the_checkpoi
 RESUMED = ("task.num_generations=4", "task.max_completion_length=6", "trainer.batch_size=2",
            "task.steps_per_generation=3", "trainer.max_steps=6", "checkpoint.every_n_steps=2",
            "trainer.log_every_n_steps=1", "trainer.eval_every_n_steps=6", "checkpoint.export=last",
-           "early_stopping.patience=null", "optim.lr=1e-2", "scheduler=constant")
+           "early_stopping.patience=null", "optim.lr=1e-2", "scheduler=constant", "task.beta=0.04")
 """Generation batches of 3 micro-batches, one optimizer step each, saved every 2 steps: the saves at steps 2 and
-4 fall inside a generation batch (the clipped ratio then needs the generation-time log-probabilities)."""
+4 fall inside a generation batch (the clipped ratio then needs the generation-time log-probabilities); a KL term
+to a frozen copy of the starting weights (made again from them, not from the checkpoint's, on resume)."""
 
 
 def killed_and_resumed(tmp_path: Path, prompts: tuple[str, ...], *hardware: str) -> tuple[Path, Path]:
@@ -206,6 +207,7 @@ def assert_the_same_run(reference: Path, resumed: Path) -> None:
     assert len(lines) == 2 * 3 * 2 * 4 * (2 if "num_processes=2" in (reference / ".hydra" / "overrides.yaml")
                                           .read_text() else 1)  # 2 generation batches of 3 x 2 prompts x 4
     assert "resumed from" in (resumed / "app.log").read_text()
+    assert [r["train/kl"] for r in metrics_rows(reference) if "train/kl" in r][-1] > 0  # the copy is not the policy
 
 
 @pytest.mark.signals
@@ -312,3 +314,17 @@ def test_a_sweep_of_lora_bf16_checkpointed_runs_with_a_kl_and_a_reward_model_tra
         measured = json.loads((out / "eval_metrics.json").read_text())["metrics"]
         assert measured["eval/reward"] == pytest.approx(final["eval/reward"], rel=1e-4, abs=1e-6)
     assert "GRPO (grpo loss, β = 0.04, reference: base)" in (sweep / "1" / "model" / "README.md").read_text()
+
+
+def test_hardware_tpu_is_refused_in_one_sentence(prompts):
+    """Generation with fixed shapes (a bounded number of XLA graphs) is not built: a runtime that needs static
+    shapes is refused before any data is read."""
+    from app.tasks import build_task
+
+    class StaticShapes:
+        static_shapes = True
+
+    task = build_task(compose_config(*prompts, reward_list("word_share"), "task.max_completion_length=6").task)
+    with pytest.raises(ConfigError, match="hardware=tpu compiles a graph for each shape it meets: generation with "
+                                          "fixed shapes is not built yet"):
+        task.build_data(StaticShapes())  # type: ignore[arg-type]

@@ -3,11 +3,13 @@ prompt's global index, k) and the weights, not of the number of processes, the b
 rows of the batch.
 
 **The randomness** is counter-based: the token at completion position ``t`` of row (seed, step, prompt,
-k) is ``argmax(scores + Gumbel noise)``, the noise of vocabulary entry ``v`` a hash of (row key, t, v)
-computed in integer arithmetic on the logits' device. There is no generator state to carry, split or
-checkpoint: a row draws the same noise in any batch, on any process, after any resume. Gumbel-max
-samples exactly from ``softmax(scores)`` (24-bit uniforms), ``scores`` being the logits processed as
-Transformers' sampling does (temperature, then top-k, then top-p: :func:`processed_scores`).
+k) is where a uniform ``u`` falls in the cumulative distribution of ``softmax(scores)`` (inverse transform
+sampling, exact), ``u`` a hash of (row key, t) computed in integer arithmetic on the logits' device (53
+bits). There is no generator state to carry, split or checkpoint: a row draws the same number in any batch,
+on any process, after any resume. ``scores`` are the logits processed as Transformers' sampling does
+(temperature, then top-k, then top-p: :func:`processed_scores`). One number per row and step, not one per
+vocabulary entry as Gumbel-max needs: at a 32k vocabulary the hash per entry cost more than a small model's
+forward pass.
 
 **The logits** must then be the same for a row whatever batch it is in. Two things change a row's
 logits in the last bits: the shapes it is computed in (the batch's rows and its padded prompt length
@@ -20,7 +22,10 @@ eager attention make the tokens equal by construction. Positions come from the a
 left-padded row counts from its first real token), so padding shifts nothing.
 
 :func:`generate` runs the loop with a KV cache over left-padded prompts, each row stopping at a stop
-token (EOS, end of turn) or after ``max_new_tokens``.
+token (EOS, end of turn) or after ``max_new_tokens``. At natural shapes it computes less than Transformers'
+``generate`` for the same completions: a prompt repeated in consecutive rows (a group's completions) is
+prefilled once and its cache shared, and rows that have stopped leave the batch (their cache rows dropped)
+once a quarter of it has; at a fixed shape (``pad_to``, ``rows_to``) every row is computed to the end.
 """
 
 from __future__ import annotations
@@ -38,8 +43,8 @@ from torch import nn
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
 """The multiplier of a 32-bit integer finaliser (products stay below 2**59: no int64 overflow)."""
-_VOCAB_STRIDE = 0x9E3779B1
-"""Spreads consecutive vocabulary ids before mixing (the golden ratio's 32 bits)."""
+_HIGH, _LOW = 0x9E3779B1, 0x85EBCA6B
+"""Mixed into a row's position hash for the two halves of its 53-bit uniform."""
 
 
 def _fmix(h: torch.Tensor) -> torch.Tensor:
@@ -93,22 +98,23 @@ def row_keys(seed: int, step: int, prompts: Sequence[int], completions: Sequence
     return torch.tensor(keys, dtype=torch.int64, device=device).view(-1, 2)
 
 
-def uniform_noise(keys: torch.Tensor, positions: torch.Tensor, vocabulary: int) -> torch.Tensor:
-    """``(rows, vocabulary)`` float32 uniforms in (0, 1), a function of each row's key, its completion
-    position and the token id only."""
+def row_uniforms(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``(rows,)`` float64 uniforms in (0, 1) of 53 random bits, a function of each row's key and its
+    completion position only."""
     device = keys.device
     at = _fmix(_fmix(keys[:, 1] ^ (positions.to(device) & _MASK32)) ^ keys[:, 0])
-    tokens = _fmix((torch.arange(vocabulary, device=device, dtype=torch.int64) * _VOCAB_STRIDE) & _MASK32)
-    bits = _fmix(_fmix(at[:, None] ^ tokens[None, :]) ^ at[:, None])
-    return ((bits >> 8).float() + 0.5) / float(1 << 24)
+    high, low = _fmix(at ^ _HIGH), _fmix(_fmix(at ^ _LOW) ^ keys[:, 1])
+    return ((high >> 5).double() * float(1 << 26) + (low >> 6).double() + 0.5) / float(1 << 53)
 
 
 def sample_tokens(logits: torch.Tensor, keys: torch.Tensor, positions: torch.Tensor,
                   sampling: Sampling) -> torch.Tensor:
-    """One token per row: Gumbel-max over :func:`processed_scores` with the row's counter-based noise."""
-    scores = processed_scores(logits, sampling)
-    gumbel = -torch.log(-torch.log(uniform_noise(keys, positions, scores.shape[-1])))
-    return (scores + gumbel).argmax(dim=-1)
+    """One token per row, drawn from ``softmax(processed_scores)`` by inverting its cumulative distribution
+    (summed in float64) at the row's counter-based uniform."""
+    probabilities = processed_scores(logits, sampling).softmax(dim=-1)
+    cumulative = probabilities.double().cumsum(dim=-1)
+    target = row_uniforms(keys, positions) * cumulative[:, -1]  # below the total: never past the last token
+    return torch.searchsorted(cumulative, target[:, None], right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
 
 
 class Rollout(NamedTuple):
@@ -141,42 +147,67 @@ def generate(model: nn.Module, prompts: Sequence[Sequence[int]], keys: torch.Ten
     processes runs each forward pass on all of them, so they decode for as many steps as the longest)."""
     device = next(model.parameters()).device
     rows = len(prompts)
+    fixed = pad_to is not None or rows_to is not None
     width = max(len(p) for p in prompts) if pad_to is None else pad_to
     total = rows if rows_to is None else rows_to
     if width < max(len(p) for p in prompts) or total < rows:
         raise ValueError(f"pad_to={pad_to} or rows_to={rows_to} is smaller than the batch")
     padded = [*prompts, *[prompts[0]] * (total - rows)]
-    ids = torch.full((total, width), pad_id, dtype=torch.int64)
-    mask = torch.zeros((total, width), dtype=torch.int64)
+    # Each run of equal prompts is prefilled once (natural shapes): ``source`` maps a row to its run's first.
+    firsts, runs = [], []
+    for i in range(total):
+        if fixed or i == 0 or padded[i] != padded[i - 1]:
+            firsts.append(i)
+        runs.append(len(firsts) - 1)
+    source = torch.tensor(runs)
+    ids = torch.full((len(firsts), width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((total, width + max_new_tokens), dtype=torch.int64)
+    for j, i in enumerate(firsts):
+        ids[j, width - len(padded[i]):] = torch.tensor(padded[i], dtype=torch.int64)
     for i, prompt in enumerate(padded):
-        ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.int64)
-        mask[i, width - len(prompt):] = 1
-    ids, mask = ids.to(device), mask.to(device)
+        mask[i, width - len(prompt):width] = 1
+    ids, mask, source = ids.to(device), mask.to(device), source.to(device)
     keys = torch.cat([keys.to(device), keys[:1].to(device).expand(total - rows, 2)])
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    positions = (mask[:, :width].cumsum(dim=1) - 1).clamp(min=0)
     stops = torch.tensor(list(stop_ids), dtype=torch.int64, device=device)
     from transformers import DynamicCache  # generation runs where a Transformers model does
 
+    cache = DynamicCache()
     cache_keyword = _keyword_of(model, "cache", "past_key_values") or "past_key_values"
     keep_keyword = _keyword_of(model, "logits_to_keep", "num_logits_to_keep")
-    step_kwargs: dict[str, Any] = {cache_keyword: DynamicCache(), "use_cache": True}
+    step_kwargs: dict[str, Any] = {cache_keyword: cache, "use_cache": True}
     if keep_keyword is not None:
         step_kwargs[keep_keyword] = 1  # the prompt's last position only: no (rows, prompt, vocabulary) logits
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, **step_kwargs).logits[:, -1]
-    tokens, done = [], torch.zeros(total, dtype=torch.bool, device=device)
+    first_rows = torch.tensor(firsts, device=device)
+    logits = model(input_ids=ids, attention_mask=mask[first_rows, :width], position_ids=positions[first_rows],
+                   **step_kwargs).logits[:, -1]
+    if len(firsts) < total:
+        cache.batch_select_indices(source)
+        logits = logits[source]
+    completion = torch.full((total, max_new_tokens), pad_id, dtype=torch.int64, device=device)
+    alive = torch.arange(total, device=device)
+    """The batch's rows, by their place among ``total``: rows that have stopped leave it (natural shapes)."""
+    done = torch.zeros(total, dtype=torch.bool, device=device)
+    positions = positions[:, -1:]
+    steps = 0
     for t in range(max_new_tokens):
-        at = torch.full((total,), t, dtype=torch.int64, device=device)
-        token = torch.where(done, pad_id, sample_tokens(logits, keys, at, sampling))
-        tokens.append(token)
+        at = torch.full((len(alive),), t, dtype=torch.int64, device=device)
+        token = torch.where(done, pad_id, sample_tokens(logits, keys[alive], at, sampling))
+        completion[alive, t] = token
         done = done | torch.isin(token, stops)
-        rows_done = bool(done[:rows].all())
+        steps = t + 1
+        rows_done = bool(done[:rows].all())  # the dummy rows of a fixed shape come last; natural shapes have none
         if t + 1 == max_new_tokens or (all_done(rows_done) if all_done is not None else rows_done):
             break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+        if not fixed and int(done.sum()) * 4 >= len(alive):  # a quarter stopped: drop them from the batch
+            keep = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            alive, done, token, positions = alive[keep], done[keep], token[keep], positions[keep]
+        mask[alive, width + t] = 1
+        positions = positions + 1
+        logits = model(input_ids=token[:, None], attention_mask=mask[alive, :width + t + 1], position_ids=positions,
                        **step_kwargs).logits[:, -1]
-    completion = torch.stack(tokens, dim=1)[:rows]
+    completion = completion[:rows, :steps]
     finished = torch.isin(completion, stops)
     # 1 up to and including the first stop token (a row without one: all its tokens)
     before_stop = (finished.long().cumsum(dim=1) - finished.long()) == 0

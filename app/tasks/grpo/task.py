@@ -197,10 +197,13 @@ class GRPOTask(SFTTask):
             "completions/mean_terminated_length", "completions/min_terminated_length",
             "completions/max_terminated_length", "time/generation_s", "time/rewards_s")
         g, prompts = cfg.num_generations, accumulation * batch_size * processes
-        every = (f"one generation batch of {slices * batch_size * processes:,} prompts every "
-                 f"{per_generation / accumulation:g} optimizer step(s)" if per_generation >= accumulation else
-                 f"{accumulation // per_generation if accumulation % per_generation == 0 else accumulation / per_generation:g}"
-                 f" generation batches of {slices * batch_size * processes:,} prompts per optimizer step")
+        generated = f"{slices * batch_size * processes:,} prompts"
+        if per_generation == accumulation:
+            every = f"one generation batch of {generated} per optimizer step"
+        elif per_generation > accumulation:
+            every = f"each generation batch of {generated} trained on over {per_generation / accumulation:g} optimizer steps"
+        else:
+            every = f"{accumulation / per_generation:g} generation batches of {generated} per optimizer step"
         sentence = (f"each optimizer step trains on {prompts * g:,} completions of {prompts:,} prompts (trainer.batch_size="
                     f"{batch_size} prompts per process per micro-batch × task.num_generations={g} × trainer.gradient_"
                     f"accumulation_steps={accumulation} × {processes} process(es)); {every}"
@@ -262,12 +265,15 @@ class GRPOTask(SFTTask):
 
     def _completion_values(self, model: nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each completion token's log-probability and its distribution's entropy at task.temperature, ``(rows,
-        completion length)``, the head applied by chunks from the last prompt position (sft's chunked path)."""
+        completion length)``, the head applied by chunks from the last prompt position (sft's chunked path), each
+        chunk ``task.loss_chunk`` tokens of all the micro-batch's rows together (its B·G rows would otherwise
+        multiply the logits a chunk holds)."""
         start, length = batch["completion_start"], batch["input_ids"].shape[1] - batch["completion_start"]
         values = logp_entropy_values(self.cfg.temperature)
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
         if self._loss_chunk:
-            with losses_from_head(model, batch["labels"], self._loss_chunk, values, first=start - 1):
+            positions = max(1, self._loss_chunk // batch["input_ids"].shape[0])
+            with losses_from_head(model, batch["labels"], positions, values, first=start - 1):
                 out = model(**inputs, use_cache=False).logits[:, start - 1:start - 1 + length]
         else:
             logits = model(**inputs, use_cache=False).logits[:, start - 1:start - 1 + length]
@@ -346,10 +352,7 @@ class GRPOTask(SFTTask):
 
     def card_facts(self) -> dict[str, str]:
         cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"(prompts{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts = self._card_of_prompts("prompts", self.conversational)
         rewards = ", ".join(f"{s.name} (× {s.weight:g})" for s in self.specs)
         kl = f", β = {cfg.beta}, reference: {cfg.reference.value}" if cfg.beta > 0 else ", no KL term"
         facts["trained on"] = (f"GRPO ({cfg.loss_type.value} loss{kl}), {cfg.num_generations} completions per prompt "
