@@ -328,3 +328,16 @@ def test_hardware_tpu_is_refused_in_one_sentence(prompts):
     with pytest.raises(ConfigError, match="hardware=tpu compiles a graph for each shape it meets: generation with "
                                           "fixed shapes is not built yet"):
         task.build_data(StaticShapes())  # type: ignore[arg-type]
+
+
+def test_a_class_entry_is_instantiated_once_with_its_keyword_arguments(tmp_path, prompts, monkeypatch):
+    import tests.helpers.grpo_rewards as rewards
+
+    monkeypatch.setattr(rewards.Offset, "instances", 0)
+    run = tmp_path / "offset"
+    run_in_process(compose_config(*prompts, f"task.rewards=[{{_target_: {REWARDS}.Offset, offset: 0.5}}]",
+                                  "task.num_generations=2", "task.max_completion_length=4", "trainer.batch_size=2",
+                                  "trainer.max_steps=3", "trainer.max_epochs=-1", f"hydra.run.dir={run}"), run)
+    lines = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert len(lines) == 3 * 2 * 2 and {line["rewards"]["Offset"] for line in lines} == {0.5}
+    assert rewards.Offset.instances == 1 and {line["advantage"] for line in lines} == {0.0}
