@@ -49,6 +49,12 @@ class ConfigError(ValueError):
     """A run configuration that cannot work; the message is one sentence for the user."""
 
 
+class InputError(RuntimeError):
+    """Input that training meets only once it runs and cannot use (``task=grpo``: a reward function's
+    output): the message is one sentence for the user; the run stops with exit status 1 and its folder,
+    checkpoints included, stays as it was (a refused config, ``ConfigError``, leaves nothing behind)."""
+
+
 def require_package(package: str, needed_by: str, extra: str, instead: str) -> None:
     """``<needed_by> needs the <package> package, which is not installed; ...`` when it is not (asked
     without importing it: a refused config answers before any heavy import)."""

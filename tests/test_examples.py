@@ -216,3 +216,31 @@ def test_the_sft_chat_example_runs_as_its_readme_shows(tmp_path):
     inputs = tok.apply_chat_template([{"role": "user", "content": "what did the cat do ?"}],
                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
     assert model.generate(**inputs, max_new_tokens=16, do_sample=False).shape[1] > inputs["input_ids"].shape[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_grpo_arithmetic_example_runs_as_its_readme_shows_and_its_exact_answer_reward_rises(tmp_path):
+    """``examples/grpo_arithmetic``: the README's command, run from the example's folder as written (its rewards
+    module found in the working directory), learns the format, and the exact-answer reward rises."""
+    import re
+    import shlex
+
+    folder = REPO / "examples" / "grpo_arithmetic"
+    readme = (folder / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", readme, re.DOTALL)
+    assert block is not None
+    cd, command = block.group(1).replace("\\\n", " ").strip().split("\n", 1)
+    assert cd == "cd examples/grpo_arithmetic"
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "app"]
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "app", *words[3:], *QUIET, f"hydra.run.dir={run}",
+                           f"task.cache_dir={tmp_path / 'cache'}"], check=False, cwd=folder,
+                          env={**ONE_THREAD, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=360)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train/reward" in r]
+    exact = [r["train/rewards/exact_answer/mean"] for r in rows]
+    assert rows[-1]["train/rewards/starts_with_a_number/mean"] > 0.95 > rows[0]["train/rewards/starts_with_a_number/mean"]
+    assert sum(exact[-5:]) / 5 > 3 * exact[0], exact
+    assert (run / "model" / "model.safetensors").exists() and (run / "completions.jsonl").exists()

@@ -99,10 +99,16 @@ def _open_free_dicts(node: Any, schema: Any) -> None:
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         hint = hints[f.name]
-        if typing.get_origin(hint) is dict:
+        if typing.get_origin(hint) is dict or _list_of_dicts(hint):
+            # A list of free-form entries (task=grpo's task.rewards) is opened too: an entry's key it lacks
+            # (task.rewards.0.weight=0.5) is set as the dict field's are.
             OmegaConf.set_struct(node[f.name], False)
         elif dataclasses.is_dataclass(hint):
             _open_free_dicts(node[f.name], hint)
+
+
+def _list_of_dicts(hint: Any) -> bool:
+    return typing.get_origin(hint) is list and typing.get_origin(next(iter(typing.get_args(hint)), None)) is dict
 
 
 def to_run_config(dict_cfg: DictConfig) -> RunConfig:

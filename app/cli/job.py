@@ -30,7 +30,7 @@ from app.cli import argv
 from app.cli.configure import CONF_DIR, limits_as_given, register_configs, to_run_config
 from app.cli.exits import exit_interrupted, fail
 from app.cli.hydra_errors import composition_sentence, unknown_key_sentence
-from app.config import ConfigError, RunConfig, Tracker
+from app.config import ConfigError, InputError, RunConfig, Tracker
 from app.console.logs import (
     close_log_files,
     details_to_log_file,
@@ -118,6 +118,8 @@ def run_job(cfg: RunConfig, dict_cfg: DictConfig, hydra_cfg: Any, run_dir: Path)
         exit_interrupted(err)
     except ConfigError as err:
         fail(str(err))
+    except InputError as err:
+        fail(str(err), exit_code=1)
     except WorkerFailed as err:
         # The launcher has already printed the rank's traceback; the last line names rank and error.
         fail(str(err), exit_code=1)

@@ -27,7 +27,7 @@ from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
 from app.run_folder.layout import SKIPPED_ROWS_FILE
 from app.tasks import build_task
-from app.tasks.base import SkipsRows, Task, TaskData
+from app.tasks.base import BatchPlan, MakesTrainingBatches, SkipsRows, Task, TaskData
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,12 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     streamed = check_streamed(task, data)
     log.info("data: %s", data_summary(task, data))
     write_skipped_rows(task, accelerator)
+    # A task that makes its micro-batches from its loader's batches (task=grpo: prompts -> completions) says
+    # how many rows a loader batch holds and how many micro-batches it makes (app/tasks/base.py).
+    plan = batch_plan(cfg, task, accelerator.num_processes)
+    rows = cfg.trainer.batch_size * (plan.draws if plan is not None else 1)
     if not streamed:
-        check_batch_fits(cfg, len(data.train), accelerator.num_processes)  # type: ignore[arg-type]
+        check_batch_fits(cfg, len(data.train), accelerator.num_processes, rows)  # type: ignore[arg-type]
     model = task.build_model()
     # Before any work on the model: a small one trains fastest on one thread (app/engine/threads.py).
     threads = choose_threads(cfg.hardware.num_threads, sum(p.numel() for p in model.parameters()))
@@ -69,8 +73,8 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     if cfg.trainer.gradient_checkpointing:
         log.info("gradient checkpointing: %s", enable_gradient_checkpointing(model, task))
     model = attach_adapter(model, cfg.adapter, task, saved=saved_adapter)  # adapter=none: the model itself
-    train_loader = DataLoader(data.train, batch_size=cfg.trainer.batch_size, collate_fn=data.collate_fn,
-                              num_workers=cfg.trainer.num_workers,
+    train_loader = DataLoader(data.train, batch_size=rows, collate_fn=data.collate_fn,
+                              num_workers=cfg.trainer.num_workers, drop_last=plan is not None,
                               **({} if streamed else train_sampling(cfg, task, data)))
     eval_loader, *extra_loaders = (
         DataLoader(dataset, batch_size=cfg.trainer.eval_batch_size or cfg.trainer.batch_size, shuffle=False,
@@ -84,12 +88,18 @@ def build_components(cfg: RunConfig, accelerator: Accelerator, task: Task | None
     model = accelerator.prepare(model)
     optimizer = build_optimizer(cfg, model, fused_available=accelerator.fused_optimizers)
     optimizer = accelerator.prepare(optimizer)
-    train_loader, eval_loader, *extra_loaders = accelerator.prepare(train_loader, eval_loader, *extra_loaders)
+    prepared, eval_loader, *extra_loaders = accelerator.prepare(train_loader, eval_loader, *extra_loaders)
+    if plan is not None:
+        assert isinstance(task, MakesTrainingBatches)  # batch_plan made a plan
+        log.info("%s", plan.sentence)
+        prepared = accelerator.expand_batches(
+            prepared, lambda batch, step: task.training_batches(model, batch, step), plan.micro_batches,
+            task.pending_batches, batch_size=plan.samples)
     scheduler = instantiate(cfg.scheduler, optimizer=optimizer.optimizer,
-                            total_steps=total_optimizer_steps(cfg, batches_per_pass(train_loader)))
+                            total_steps=total_optimizer_steps(cfg, batches_per_pass(prepared)))
     scheduler = accelerator.prepare(scheduler)
     average = WeightAverage(model, cfg.trainer.ema_decay) if cfg.trainer.ema_decay is not None else None
-    return Components(accelerator, task, model, optimizer, scheduler, train_loader, eval_loader, average,
+    return Components(accelerator, task, model, optimizer, scheduler, prepared, eval_loader, average,
                       show_progress=accelerator.is_main_process and cfg.logging.progress_bar,
                       extra_eval_loaders=dict(zip(data.extra_eval, extra_loaders)), threads=threads)
 
@@ -125,13 +135,25 @@ def check_streamed(task: Task, data: TaskData) -> bool:
     return True
 
 
-def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int) -> None:
-    """A per-process batch larger than a process's share of the training set cannot be filled."""
+def batch_plan(cfg: RunConfig, task: Task, processes: int) -> BatchPlan | None:
+    """The task's plan for its loader batches (:class:`MakesTrainingBatches`); None for a task that trains on them."""
+    if not isinstance(task, MakesTrainingBatches):
+        return None
+    return task.batch_plan(cfg.trainer.batch_size, cfg.trainer.gradient_accumulation_steps, processes)
+
+
+def check_batch_fits(cfg: RunConfig, train_samples: int, processes: int, rows: int | None = None) -> None:
+    """A per-process batch larger than a process's share of the training set cannot be filled (``rows``:
+    a loader batch's, where a task draws several micro-batches' worth at once)."""
     share = train_samples // processes
-    if cfg.trainer.batch_size > share:
+    rows = rows if rows is not None else cfg.trainer.batch_size
+    if rows > share:
+        per = rows // cfg.trainer.batch_size
+        fits = max(share // per, 1)
+        drawn = f" ({per} micro-batches' worth drawn at once)" if per > 1 else ""
         raise ConfigError(
-            f"trainer.batch_size={cfg.trainer.batch_size} is more than the {share} training samples each of the "
-            f"{processes} process(es) gets ({train_samples} in all); use trainer.batch_size={max(share, 1)} or less.")
+            f"trainer.batch_size={cfg.trainer.batch_size}{drawn} is more than the {share} training samples each of the "
+            f"{processes} process(es) gets ({train_samples} in all); use trainer.batch_size={fits} or less.")
 
 
 def build_optimizer(cfg: RunConfig, model: nn.Module, fused_available: bool = False) -> torch.optim.Optimizer:

@@ -302,7 +302,7 @@ def train(run: Training) -> None:
                 # device the sums are then part of the step's graph, which a log step reads a step later.
                 state.loss_sum += loss.detach()
                 state.loss_items += 1 if items is None else items
-                add_sample_metrics(acc, state.metric_sums, out.sample_metrics)
+                add_sample_metrics(acc, state.metric_sums, out.sample_metrics, out.sample_metric_items)
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()

@@ -29,12 +29,19 @@ MetricSums = dict[str, "float | torch.Tensor"]
 """The window's sums by metric name: device tensors while training, floats in a checkpoint."""
 
 
-def add_sample_metrics(acc: Any, sums: MetricSums, metrics: dict[str, torch.Tensor] | None) -> None:
+ITEMS = "#items"
+"""The key of a metric's own item count in the sums (``<name>#items``: ``StepOutput.sample_metric_items``)."""
+
+
+def add_sample_metrics(acc: Any, sums: MetricSums, metrics: dict[str, torch.Tensor] | None,
+                       items: dict[str, torch.Tensor] | None = None) -> None:
     """Add a micro-batch's per-sample metrics (this process's real samples) to the window's sums, on
-    the device. A new tensor each time, never an in-place change: a closed window's sums are its reader's."""
+    the device, and the counts of those that have their own (``items``, kept as ``<name>#items``). A new
+    tensor each time, never an in-place change: a closed window's sums are its reader's."""
     if not metrics:
         return
-    for name, values in acc.local_for_metrics(metrics).items():
+    own = {name + ITEMS: count for name, count in (items or {}).items()}
+    for name, values in acc.local_for_metrics({**metrics, **own}).items():
         total = values.detach().float().sum()
         sums[name] = sums[name] + total if name in sums else total
 
@@ -51,14 +58,23 @@ def as_floats(sums: MetricSums) -> dict[str, float]:
 
 
 def logged(names: tuple[str, ...], values: tuple[float, ...], items: float, task: Any = None) -> dict[str, float]:
-    """The window's ``train/<name>`` values from its reduced sums (``values``, in ``names`` order) and
-    the items its loss sums; no items (every label masked): 0/1, as for the loss. A task that derives
-    its metrics from the sums itself (``DerivesTrainingMetrics``: means over some of the samples, a
-    difference of two means) gives them instead."""
+    """The window's ``train/<name>`` values from its reduced sums (``values``, in ``names`` order) over
+    the items its loss sums (no items, every label masked: 0/1, as for the loss), or over the metric's
+    own count (``<name>#items``; none in the window: not logged). A task that derives its metrics from
+    the sums itself (``DerivesTrainingMetrics``: a difference of two means) gives them instead."""
     sums = dict(zip(names, values, strict=True))
     if isinstance(task, DerivesTrainingMetrics):
         return {PREFIX + name: value for name, value in task.training_metrics(sums, items).items()}
-    return {PREFIX + name: value / max(items, 1) for name, value in sums.items()}
+    out = {}
+    for name, value in sums.items():
+        if name.endswith(ITEMS):
+            continue
+        count = sums.get(name + ITEMS)
+        if count is None:
+            out[PREFIX + name] = value / max(items, 1)
+        elif count > 0:
+            out[PREFIX + name] = value / count
+    return out
 
 
 def restored(windows: list[dict[str, float]], rank: int, world_size: int) -> MetricSums | None:

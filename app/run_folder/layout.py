@@ -21,6 +21,8 @@ Torch-free and importing nothing from ``app``: the launcher and the report read 
                               (task.bad_rows=skip)
       samples/                step_<N>.jsonl: what the model generated at the evaluation of step N (task=sft's
                               task.sample_prompts)
+      completions.jsonl       task=grpo: every completion generated while training, with its rewards and
+                              advantage (one line each)
       eval_metrics.json       a mode=eval run's metrics
       test_predictions.tsv    task.predict_test=true
       profile/                debug=profile's traces (profile_<rank>.json)
@@ -64,6 +66,7 @@ REPORT_FILE = "report.png"
 LOCK_FILE = ".lock"
 SAMPLES_DIR = "samples"
 SKIPPED_ROWS_FILE = "skipped_rows.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"
 
 
 def hydra_file(run_dir: Path, name: str) -> Path:
@@ -78,6 +81,11 @@ def log_file(run_dir: Path) -> Path:
 def samples_file(run_dir: Path, step: int) -> Path:
     """``<run>/samples/step_<step>.jsonl``: the generations of the evaluation at ``step``."""
     return run_dir / SAMPLES_DIR / f"step_{step}.jsonl"
+
+
+def completions_file(run_dir: Path) -> Path:
+    """``<run>/completions.jsonl``: task=grpo's completions (step, prompt, completion, rewards, advantage)."""
+    return run_dir / COMPLETIONS_FILE
 
 
 def metrics_file(run_dir: Path) -> Path:

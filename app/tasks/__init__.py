@@ -15,6 +15,8 @@
   the reference model a frozen copy, another model, the LoRA model with its adapters disabled, or values
   precomputed once (built on ``sft``).
 - ``kto/``: ``task=kto``, KTO on answers marked good or bad (built on ``dpo``'s parts).
+- ``grpo/``: ``task=grpo``, online reinforcement learning from reward functions: completions generated in
+  the loop, group-relative advantages, GRPO's clipped objective (built on ``sft`` and ``dpo``'s reference).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -30,6 +32,7 @@ from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits.config import DigitsConfig
 from app.tasks.dpo.config import DPOConfig
 from app.tasks.external import external_task_class
+from app.tasks.grpo.config import GRPOConfig
 from app.tasks.kto.config import KTOConfig
 from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
@@ -44,6 +47,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "sft": SFTConfig,
     "dpo": DPOConfig,
     "kto": KTOConfig,
+    "grpo": GRPOConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -65,6 +69,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.dpo.task import DPOTask
 
         return DPOTask(cfg)
+    if isinstance(cfg, GRPOConfig):  # before sft: its schema extends sft's
+        from app.tasks.grpo.task import GRPOTask
+
+        return GRPOTask(cfg)
     if isinstance(cfg, SFTConfig):  # before causal_lm: its schema extends causal_lm's
         from app.tasks.sft.task import SFTTask
 
@@ -79,5 +87,5 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "KTOConfig", "SFTConfig",
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "GRPOConfig", "KTOConfig", "SFTConfig",
            "TextClassificationConfig", "build_task"]

@@ -92,6 +92,12 @@ class StepOutput:
     The engine sums them over the logging window on the device (detached) and logs ``train/<name>``,
     the window's sum over its items: the same mean as ``train/loss`` (``app/engine/window_metrics.py``).
     Training only: evaluation does not read them. Needs ``sample_losses``."""
+    sample_metric_items: dict[str, torch.Tensor] | None = None
+    """For a metric of ``sample_metrics`` whose mean is not over the loss's items, the count each sample's
+    value sums (1-d, one entry per sample, 0 where the sample has no value): ``train/<name>`` is then the
+    window's sum over the window's sum of these counts (task=grpo: a per-token metric counts tokens, a
+    per-completion one 1, a per-generation one 1 on one sample), left out of a window where they sum to 0.
+    Every micro-batch should give the same names, so that every process sums the same ones."""
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.sample_losses is None):
@@ -101,6 +107,8 @@ class StepOutput:
         if self.sample_metrics is not None and self.sample_losses is None:
             raise ValueError("StepOutput(sample_metrics=...) needs sample_losses: the metrics are averaged over "
                              "the same items as the loss.")
+        if self.sample_metric_items is not None and not set(self.sample_metric_items) <= set(self.sample_metrics or {}):
+            raise ValueError("StepOutput(sample_metric_items=...) names metrics that sample_metrics does not give.")
 
     def mean_loss(self) -> torch.Tensor:
         """This batch's loss per item (0-d): what a one-batch step trains on, in either form."""
@@ -144,6 +152,23 @@ class TaskRuntime(Protocol):
 
     @property
     def process_index(self) -> int:
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device (where the prepared model runs)."""
+        ...
+
+    @property
+    def shards_the_model(self) -> bool:
+        """True where the model's parameters are sharded across processes (FSDP2): every process must run
+        each of its forward passes, generation included."""
+        ...
+
+    @property
+    def project_dir(self) -> Path | None:
+        """The run folder (None: a runtime made without one), where a task may write what a run produces
+        (the main process only)."""
         ...
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
@@ -288,6 +313,47 @@ class SkipsRows(Protocol):
     def skipped_rows(self) -> list[dict[str, Any]]:
         """One JSON-able object per row left out: its file, place (``line``, ``row`` or ``byte``), ``reason``
         and ``row`` (as it came); [] for none."""
+        ...
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a :class:`MakesTrainingBatches` task's loader batches become micro-batches."""
+
+    draws: int
+    """``trainer.batch_size`` times this many rows make one loader batch (per process)."""
+    micro_batches: int
+    """The micro-batches made of one loader batch."""
+    samples: int
+    """The samples (rows) a micro-batch holds, for the throughput's samples/s (task=grpo: completions)."""
+    sentence: str
+    """What the start of the run says of it (task=grpo: the completions an optimizer step trains on)."""
+
+
+@runtime_checkable
+class MakesTrainingBatches(Protocol):
+    """A task that trains on what it makes of its data rather than on the data itself (``task=grpo``: a
+    batch of prompts -> completions generated with the current weights, scored, cut into micro-batches).
+    The engine's loop is unchanged: it iterates micro-batches of a loader the runtime expands
+    (``Accelerator.expand_batches``: lengths, positions, resumption and gradient accumulation counted in
+    micro-batches); the task checkpoints what it makes (``register_for_checkpointing``), so that a run resumed
+    in the middle of a loader batch trains on the rest of its micro-batches instead of making them again."""
+
+    def batch_plan(self, batch_size: int, accumulation: int, processes: int) -> BatchPlan:
+        """How many rows a loader batch holds and how many micro-batches it makes, for this run's
+        ``trainer.batch_size``, ``trainer.gradient_accumulation_steps`` and number of processes (called once,
+        after ``build_data``, before any batch is made)."""
+        ...
+
+    def training_batches(self, model: nn.Module, batch: Any, step: int) -> list[Any]:
+        """The micro-batches (``BatchPlan.micro_batches`` of them, in training order, as ``step`` takes them) of a
+        loader batch already on the device, made with ``model`` (prepared, in training mode) before the optimizer
+        step ``step``; the runtime places them on the device. Every process calls it at the same time."""
+        ...
+
+    def pending_batches(self) -> list[Any]:
+        """The micro-batches of the latest loader batch again, as restored from a checkpoint (a resumed run
+        skips those trained before it)."""
         ...
 
 

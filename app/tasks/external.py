@@ -65,17 +65,24 @@ def external_task_class(cfg: TaskConfig) -> Any:
     return import_task_class(target) if isinstance(target, str) else None
 
 
-def import_task_class(target: str) -> Any:
-    module_name, _, class_name = target.rpartition(".")
+def import_target(target: str, key: str) -> Any:
+    """The object a dotted path names (``package.module.name``), imported as Python finds it: from the
+    working directory, ``PYTHONPATH`` or an installed package; ``key`` names the setting in the sentence
+    that refuses it (``task._target_``, ``task.rewards[0]._target_``)."""
+    module_name, _, name = target.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"{key}={target} must be a dotted path, <package>.<module>.<name>.")
     try:
-        task_class = getattr(importlib.import_module(module_name), class_name) if module_name else None
+        return getattr(importlib.import_module(module_name), name)
     except ImportError as err:
-        raise ConfigError(f"task._target_={target} cannot be imported ({err}); run from the folder that holds "
+        raise ConfigError(f"{key}={target} cannot be imported ({err}); run from the folder that holds "
                           "its package, or install it (pip install -e <folder>).") from None
     except AttributeError:
-        raise ConfigError(f"task._target_={target}: module {module_name} has no {class_name}.") from None
-    if task_class is None:
-        raise ConfigError(f"task._target_={target} must be a dotted path, <package>.<module>.<Class>.")
+        raise ConfigError(f"{key}={target}: module {module_name} has no {name}.") from None
+
+
+def import_task_class(target: str) -> Any:
+    task_class = import_target(target, "task._target_")
     missing = [method for method in TASK_METHODS if not callable(getattr(task_class, method, None))]
     if missing:
         raise ConfigError(f"task._target_={target} is not a task: it has no {', '.join(missing)} (the Task protocol, "

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
+from app.distributed.data.expanded import ExpandedLoader, MakeBatches
 from app.distributed.data.map_style import DataLoaderShard, draw_generator_seed, shard_dataloader
 from app.distributed.data.map_style import skip_first_batches as _skip_first_batches
 from app.distributed.data.stream import ShardedStream, StreamLoaderShard
@@ -181,9 +182,29 @@ class Preparing(AcceleratorFields):
     def skip_first_batches(self, dataloader: DataLoaderShard, num_batches: int = 0) -> DataLoaderShard:
         """Resume inside an epoch: the next iteration starts ``num_batches`` batches in, without
         loading the skipped samples (a stream continues from the position its checkpoint restored)."""
-        if isinstance(dataloader, StreamLoaderShard):
+        if isinstance(dataloader, (StreamLoaderShard, ExpandedLoader)):
             return dataloader.skip_first_batches(num_batches)  # type: ignore[return-value]
         return _skip_first_batches(dataloader, num_batches)
+
+    def expand_batches(self, dataloader: DataLoaderShard, make: MakeBatches, per_batch: int,
+                       pending: Any, batch_size: int | None = None) -> ExpandedLoader:
+        """A prepared (map-style) training loader whose every batch becomes ``per_batch`` micro-batches, placed
+        on the device as they are handed out: ``make(batch, step)`` makes them (``step``: the optimizer step
+        their first one trains in), ``pending()`` gives again those of the batch partly trained before a
+        checkpoint (the caller checkpoints what it needs for that). Lengths, positions and resumption count
+        micro-batches, and gradient accumulation closes the epoch's last optimizer step at its last micro-batch
+        (``app/distributed/data/expanded.py``); the loader's position within a batch is checkpointed.
+        ``batch_size``: the samples a micro-batch holds (None: the loader's batch size).
+
+        >>> loader = accelerator.expand_batches(loader, lambda batch, step: split(batch, 4), 4, lambda: kept)
+        """
+        if not isinstance(dataloader, DataLoaderShard):
+            raise TypeError("expand_batches() takes a prepared map-style training loader")
+        expanded = ExpandedLoader(dataloader, make, per_batch, pending, self.gradient_state,
+                                  self.gradient_accumulation_steps, dataloader.device,
+                                  batch_size if batch_size is not None else dataloader.batch_size)
+        self._custom_objects.append(expanded)  # its place in a batch (register_for_checkpointing's list)
+        return expanded
 
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> nn.Module:
         """The user's model inside the backend's wrapper. ``keep_fp32_wrapper=False``: its forward

@@ -331,11 +331,7 @@ class PreferenceTask(SFTTask):
         raise NotImplementedError
 
     def card_facts(self) -> dict[str, str]:
-        cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"({self.data_kind}{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts = self._card_of_prompts(self.data_kind, self.conversational)
         facts["trained on"] = f"{self._trained_on()}, reference: {self._reference_facts()}"
         return facts
 

@@ -6,8 +6,11 @@ chunk's logits are recomputed (``torch.utils.checkpoint``). The loss's memory is
 ``batch x chunk x vocabulary``, not the block's.
 
 How, without reaching past the engine's wrappers (DDP, FSDP2, PEFT): for the duration of one call of
-the whole model, the head's ``forward`` returns, instead of the logits, a ``(batch, length, 2)`` float32
-tensor: each position's loss (0 where the target is -100) and whether the argmax is the target. The
+the whole model, the head's ``forward`` returns, instead of the logits, a ``(batch, length, k)`` float32
+tensor of per-position values of each chunk's logits and targets (:data:`ChunkValues`): by default
+(:func:`cross_entropy_values`) each position's loss (0 where the target is -100) and whether the argmax
+is the target; ``task=grpo`` asks for each position's log-probability and entropy at its temperature.
+Positions before ``first`` (a prompt the loss does not read) are not given to the head at all. The
 wrapper's hooks (DDP's gradient hooks, FSDP2's unsharding) see an ordinary forward. Outside such a call
 the head is untouched (generation, export).
 
@@ -18,6 +21,7 @@ is run with the plain loss instead).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,13 +40,23 @@ def shifted_targets(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
 
 
-def _chunk_losses(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                  targets: torch.Tensor) -> torch.Tensor:
-    logits = head(hidden).float()
+ChunkValues = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(a chunk's logits ``(batch, chunk, vocabulary)``, its targets ``(batch, chunk)``, -100 where none) ->
+``(batch, chunk, k)`` float32 values per position."""
+
+
+def cross_entropy_values(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each position's cross-entropy (0 where the target is -100) and whether the argmax is its target."""
+    logits = logits.float()
     losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX,
                              reduction="none").view_as(targets)
     correct = (logits.detach().argmax(dim=-1) == targets).float()
     return torch.stack([losses, correct], dim=-1)
+
+
+def _chunk_values(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                  values: ChunkValues = cross_entropy_values) -> torch.Tensor:
+    return values(head(hidden), targets)
 
 
 def recomputed(function: Callable[..., torch.Tensor], head: Callable[[torch.Tensor], torch.Tensor],
@@ -60,16 +74,20 @@ def recomputed(function: Callable[..., torch.Tensor], head: Callable[[torch.Tens
 
 
 def chunked_losses(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-                   chunk: int) -> torch.Tensor:
-    """``(batch, length, 2)``: each position's loss and whether the head's argmax is its target, the head
-    applied ``chunk`` positions at a time and recomputed in backward when gradients are needed."""
+                   chunk: int, values: ChunkValues = cross_entropy_values, first: int = 0) -> torch.Tensor:
+    """``(batch, length, k)``: ``values`` of each position (by default its loss and whether the head's
+    argmax is its target), the head applied ``chunk`` positions at a time from position ``first`` (those
+    before are zeros) and recomputed in backward when gradients are needed."""
+    function = _chunk_values if values is cross_entropy_values else functools.partial(_chunk_values, values=values)
     pieces = []
-    for start in range(0, hidden.shape[1], chunk):
+    for start in range(first, hidden.shape[1], chunk):
         h, t = hidden[:, start:start + chunk], targets[:, start:start + chunk]
         if torch.is_grad_enabled() and h.requires_grad:
-            pieces.append(recomputed(_chunk_losses, head, h, t))
+            pieces.append(recomputed(function, head, h, t))
         else:
-            pieces.append(_chunk_losses(head, h, t))
+            pieces.append(function(head, h, t))
+    if first:
+        pieces.insert(0, pieces[0].new_zeros(hidden.shape[0], first, pieces[0].shape[-1]))
     return torch.cat(pieces, dim=1)
 
 
@@ -81,6 +99,8 @@ class _ChunkedForward:
         self.forward = forward
         self.targets: torch.Tensor | None = None
         self.chunk = 0
+        self.values: ChunkValues = cross_entropy_values
+        self.first = 0
 
     def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.targets is None:
@@ -88,7 +108,7 @@ class _ChunkedForward:
         if hidden.shape[:2] != self.targets.shape:
             raise RuntimeError(f"the output layer got hidden states of shape {tuple(hidden.shape)} for targets of "
                                f"shape {tuple(self.targets.shape)}")
-        return chunked_losses(self.forward, hidden, self.targets, self.chunk)
+        return chunked_losses(self.forward, hidden, self.targets, self.chunk, self.values, self.first)
 
 
 def output_layer(model: nn.Module) -> nn.Module:
@@ -101,19 +121,21 @@ def output_layer(model: nn.Module) -> nn.Module:
 
 
 @contextmanager
-def losses_from_head(model: nn.Module, labels: torch.Tensor, chunk: int) -> Iterator[None]:
-    """Within: calling ``model`` gives, as its ``logits``, the ``(batch, length, 2)`` losses and argmax hits
-    for ``labels`` (shifted here), computed ``chunk`` positions at a time."""
+def losses_from_head(model: nn.Module, labels: torch.Tensor, chunk: int, values: ChunkValues = cross_entropy_values,
+                     first: int = 0) -> Iterator[None]:
+    """Within: calling ``model`` gives, as its ``logits``, the ``(batch, length, k)`` ``values`` (by default
+    the losses and argmax hits) for ``labels`` (shifted here), computed ``chunk`` positions at a time from
+    position ``first`` (zeros before it)."""
     head = output_layer(model)
     patched = head.__dict__.get("forward")
     if not isinstance(patched, _ChunkedForward):
         patched = _ChunkedForward(head.forward)
         head.forward = patched  # type: ignore[method-assign]
-    patched.targets, patched.chunk = shifted_targets(labels), chunk
+    patched.targets, patched.chunk, patched.values, patched.first = shifted_targets(labels), chunk, values, first
     try:
         yield
     finally:
-        patched.targets = None
+        patched.targets, patched.values, patched.first = None, cross_entropy_values, 0
 
 
 def chunking_holds(model: nn.Module, chunk: int) -> bool:
