@@ -50,21 +50,27 @@ def probes(task: str, data: Path) -> list[list[str]]:
     file = data / ("docs.txt" if task == "causal_lm" else f"{source}.jsonl")
     common = [f"task={task}", f"task.config={data / 'base'}", *SHORT]
     extra = {"sft": ["task.sample_prompts=1"], "dpo": ["task.reference=precomputed"]}.get(task, [])
-    return [[*common, *extra, f"task.data_files.train={file}"],
-            [*common, *extra, f"task.data_files.train={file}", "task.streaming=true", "task.eval_documents=5",
-             "task.packing=false" if task == "dpo" else "task.packing=true"],
-            [*common, *extra, f"task.dataset={data / f'{source}_dataset'}"]]
+    paths = [[*common, *extra, f"task.data_files.train={file}"],
+             [*common, *extra, f"task.data_files.train={file}", "task.streaming=true", "task.eval_documents=5",
+              "task.packing=false" if task == "dpo" else "task.packing=true"],
+             [*common, *extra, f"task.dataset={data / f'{source}_dataset'}"]]
+    if task == "dpo":  # TR-DPO's reference moving towards the policy: a copy's (precomputed values do not move)
+        paths.append([*common, f"task.data_files.train={file}", "task.sync_ref_every=1"])
+    return paths
 
 
 def recording(cfg: TaskConfig, read: set[str]) -> TaskConfig:
     """``cfg`` as an instance of a subclass of its schema that adds to ``read`` each field the task's own
-    code reads (a caller in ``app.tasks``, not in a schema's module: ``check()`` reads every field)."""
+    code reads (a caller in ``app.tasks``, not a schema's checks, which read every field)."""
     names = {f.name for f in dataclasses.fields(cfg)}
 
     def __getattribute__(self: Any, name: str) -> Any:
         if name in names:
-            caller = sys._getframe(1).f_globals.get("__name__", "")
-            if caller.startswith("app.tasks.") and not caller.endswith(".config"):
+            frame = sys._getframe(1)
+            caller = frame.f_globals.get("__name__", "")
+            # A schema's checks read every field; its other methods (dpo's objectives()) serve the task's code.
+            checking = caller.endswith(".config") and frame.f_code.co_name.startswith(("check", "__"))
+            if caller.startswith("app.tasks.") and not checking:
                 read.add(name)
         return object.__getattribute__(self, name)
 
