@@ -73,9 +73,10 @@ def cell(counterpart: Counterpart) -> str:
 
 
 PAGE_ONLY = {("SFTConfig", "loss_type"): "no key: the loss is nll; dft not yet",
-             ("GRPOConfig", "beta"): "not yet", ("GRPOConfig", "loss_type"): "not yet"}
+             ("GRPOConfig", "beta"): "`task.beta` (task=grpo's: the weight of the KL term to task.reference)",
+             ("GRPOConfig", "loss_type"): "`task.loss_type` (task=grpo's: dapo, grpo, dr_grpo, bnpo)"}
 """Where the page answers for one trainer and the table (which cannot tell the trainers apart) for another:
-GRPO's beta and loss_type are not task=dpo's; TRL's SFT loss_type is nll or dft."""
+GRPO's beta and loss_type are task=grpo's, not task=dpo's; TRL's SFT loss_type is nll or dft."""
 
 
 def test_the_page_gives_the_tables_answers_for_every_option():
@@ -124,9 +125,10 @@ def test_a_trl_name_typed_as_a_key_gets_ours_and_the_chosen_tasks_keys_hint():
 def test_a_key_of_another_task_or_group_says_where_it_is():
     assert refusals(["task=sft", "task.chosen_field=better"], ["task=glue_mrpc", "max_length=64"],
                     ["task=digits", "max_length=64"]) == [
-        ("unknown configuration key task.chosen_field: it is a key of task=dpo, not of task=sft; python -m app "
-         "task=sft --cfg job lists the keys."),
+        ("unknown configuration key task.chosen_field: it is a key of task=dpo and task=kto, not of task=sft; python "
+         "-m app task=sft --cfg job lists the keys."),
         ("unknown configuration key max_length; did you mean task.max_length? python -m app task=glue_mrpc --cfg job "
          "lists the keys."),
-        ("unknown configuration key max_length: TRL's max_length is task.block_size here (task=causal_lm, task=sft "
-         "and task=dpo; docs/coming-from-trl.md); python -m app task=digits --cfg job lists the keys.")]
+        ("unknown configuration key max_length: TRL's max_length is task.block_size here (task=causal_lm, task=sft, "
+         "task=dpo, task=kto and task=grpo; docs/coming-from-trl.md); python -m app task=digits --cfg job lists the "
+         "keys.")]

@@ -180,9 +180,9 @@ _TRL_COMMON: dict[str, Counterpart] = {
     "activation_offloading": NOT_YET,
     "disable_dropout": NOT_YET,
     "shuffle_dataset": _instead("the training data is always shuffled"),
-    "sync_ref_model": NOT_YET,
-    "ref_model_mixup_alpha": NOT_YET,
-    "ref_model_sync_steps": NOT_YET,
+    "sync_ref_model": _ours("task.sync_ref_every", "TR-DPO: every this many steps; null never"),
+    "ref_model_mixup_alpha": _ours("task.sync_ref_alpha"),
+    "ref_model_sync_steps": _ours("task.sync_ref_every"),
 }
 
 _SFT: dict[str, Counterpart] = {
@@ -200,40 +200,57 @@ _SFT: dict[str, Counterpart] = {
 _DPO: dict[str, Counterpart] = {
     "beta": _ours("task.beta"),
     "label_smoothing": _ours("task.label_smoothing"),
-    "loss_type": _ours("task.loss_type", "sigmoid or ipo; task=sft's loss is nll"),
-    "loss_weights": NOT_YET,
+    "loss_type": _ours("task.loss_type", "TRL's names, or a list with task.loss_weights; task=sft's loss is nll"),
+    "loss_weights": _ours("task.loss_weights"),
     "precompute_ref_log_probs": _ours("task.reference=precomputed"),
     "precompute_ref_batch_size": _ours("task.reference_batch_size"),
-    "ld_alpha": NOT_YET,
+    "ld_alpha": _ours("task.ld_alpha"),
     "f_divergence_type": NOT_YET,
     "f_alpha_divergence_coef": NOT_YET,
-    "use_weighting": NOT_YET,
-    "discopop_tau": NOT_YET,
+    "use_weighting": _ours("task.use_weighting"),
+    "discopop_tau": _ours("task.discopop_tau"),
     "max_prompt_length": _ours("task.max_prompt_length"),
-    "max_completion_length": NOT_YET,
-    "rpo_alpha": NOT_YET,
+    "max_completion_length": _ours("task.max_completion_length", "task=grpo's; task=dpo cuts answers at "
+                                                                 "task.block_size"),
+    "rpo_alpha": _instead("task.loss_type=[sigmoid,sft] task.loss_weights=[1,<rpo_alpha>]"),
     "generate_during_eval": NOT_YET,
 }
 
-# GRPO's own: online generation and rewards, which no task here does yet.
+_GRPO: dict[str, Counterpart] = {
+    "num_generations": _ours("task.num_generations"),
+    "steps_per_generation": _ours("task.steps_per_generation"),
+    "temperature": _ours("task.temperature"),
+    "top_p": _ours("task.top_p"),
+    "top_k": _ours("task.top_k"),
+    "num_iterations": _ours("task.num_iterations"),
+    "epsilon": _ours("task.epsilon"),
+    "epsilon_high": _ours("task.epsilon_high"),
+    "scale_rewards": _ours("task.scale_rewards"),
+    "mask_truncated_completions": _ours("task.mask_truncated_completions"),
+    "reward_weights": _ours("task.rewards", "each entry's weight: {_target_: ..., weight: 0.2}"),
+    "log_completions": _instead("every completion goes to <run>/completions.jsonl, a sample to the trackers"),
+    "use_vllm": _instead("generation runs in the training processes (no vLLM)"),
+}
+"""GRPOConfig's options that task=grpo has; its others are not here yet."""
+
 _GRPO_NOT_YET = (
-    "cast_lm_head_to_fp32", "num_generations", "num_generations_eval", "ds3_gather_for_generation",
-    "generation_batch_size", "steps_per_generation", "temperature", "top_p", "top_k", "min_p", "generation_kwargs",
-    "chat_template_kwargs", "repetition_penalty", "cache_implementation", "use_vllm", "vllm_mode", "vllm_model_impl",
+    "cast_lm_head_to_fp32", "num_generations_eval", "ds3_gather_for_generation",
+    "generation_batch_size", "min_p", "generation_kwargs",
+    "chat_template_kwargs", "repetition_penalty", "cache_implementation", "vllm_mode", "vllm_model_impl",
     "vllm_enable_sleep_mode", "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
     "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
-    "vllm_max_model_length", "vllm_tensor_parallel_size", "num_iterations", "epsilon", "delta", "epsilon_high",
+    "vllm_max_model_length", "vllm_tensor_parallel_size", "delta",
     "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-    "vespo_lambda_neg", "importance_sampling_level", "reward_weights", "multi_objective_aggregation", "scale_rewards",
-    "mask_truncated_completions", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
+    "vespo_lambda_neg", "importance_sampling_level", "multi_objective_aggregation",
+    "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
     "entropy_coef_max", "entropy_coef_delta", "entropy_target", "max_tool_calling_iterations",
     "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap", "off_policy_mask_threshold",
-    "use_bias_correction_kl", "log_completions", "log_multimodal", "num_completions_to_print", "log_unique_prompts",
+    "use_bias_correction_kl", "log_multimodal", "num_completions_to_print", "log_unique_prompts",
     "log_completions_hub_repo", "use_transformers_continuous_batching", "transformers_continuous_batching_config",
     "use_transformers_paged",
 )
 
-TRL_NAMES: dict[str, Counterpart] = {**_TRAINING_ARGUMENTS, **_TRL_COMMON, **_SFT, **_DPO,
+TRL_NAMES: dict[str, Counterpart] = {**_TRAINING_ARGUMENTS, **_TRL_COMMON, **_SFT, **_DPO, **_GRPO,
                                      **dict.fromkeys(_GRPO_NOT_YET, NOT_YET)}
 """Every option name of TrainingArguments and TRL's SFT, DPO and GRPO configs, with ours."""
