@@ -461,7 +461,8 @@ class TaskConfig:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             value = getattr(self, f.name)
             if value != default:
-                shown = value.value if isinstance(value, enum.Enum) else value
+                shown = value.value if isinstance(value, enum.Enum) else str(value).lower() if isinstance(value, bool) \
+                    else value  # as typed: true, not Python's True
                 raise ConfigError(f"task.{f.name}={shown} does not apply to task={self.name}: {self.UNUSED[f.name]}")
 
     def check_in_run(self, run: RunConfig) -> None:

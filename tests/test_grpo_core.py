@@ -99,6 +99,8 @@ def test_rewards_compose_as_free_entries_and_are_read(compose_grpo):
     ("task.beta=-0.1", "task.beta must be 0"),
     ("task.reference=precomputed", "cannot be precomputed"),
     ("task.packing=true", "task.packing=false"),
+    ("task.streaming=true", "task.streaming=true does not apply to task=grpo: it reads its prompts whole"),
+    ("task.train_on=all", "task.train_on=all does not apply to task=grpo: it reads prompts"),
     ("task.overlong=truncate", "never cuts a prompt"),
     ("task.rewards=[]", "needs at least one reward"),
     ("task.rewards=[{weight: 1}]", "task.rewards[0] names neither of _target_"),

@@ -23,7 +23,7 @@ from app.config import TaskConfig
 from app.engine.run import run
 from app.tasks import TASK_SCHEMAS
 from tests.conftest import CONF_DIR, compose_config, run_app
-from tests.helpers.dpo_pairs import preference_rows
+from tests.helpers.dpo_pairs import kto_rows, preference_rows
 from tests.helpers.tiny_chat import conversations, make_tiny_chat_llama, write_jsonl
 from tests.helpers.tiny_llama import documents, write_text
 
@@ -38,24 +38,35 @@ def data(tmp_path_factory) -> Path:
     write_text(folder / "docs.txt", documents(60))
     write_jsonl(folder / "chat.jsonl", [{"messages": c} for c in conversations(40)])
     write_jsonl(folder / "prefs.jsonl", preference_rows(40))
-    for name, source in (("docs", "docs.txt"), ("chat", "chat.jsonl"), ("prefs", "prefs.jsonl")):
+    write_jsonl(folder / "feedback.jsonl", kto_rows(40))
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": c[:1], "answer": "the"} for c in conversations(40)])
+    for name, source in (("docs", "docs.txt"), ("chat", "chat.jsonl"), ("prefs", "prefs.jsonl"),
+                         ("feedback", "feedback.jsonl"), ("prompts", "prompts.jsonl")):
         (folder / f"{name}_dataset").mkdir()  # a task.dataset folder: datasets.load_dataset reads its file
         (folder / f"{name}_dataset" / f"train{Path(source).suffix}").write_bytes((folder / source).read_bytes())
     return folder
 
 
+GRPO = ("task.rewards=[{_target_: tests.helpers.grpo_rewards.word_share}]", "task.num_generations=2",
+        "task.max_completion_length=4", "trainer.batch_size=2")
+
+
 def probes(task: str, data: Path) -> list[list[str]]:
     """The command lines that take ``task`` down each path a key of it can matter on."""
-    source = {"causal_lm": "docs", "sft": "chat", "dpo": "prefs"}[task]
+    source = {"causal_lm": "docs", "sft": "chat", "dpo": "prefs", "kto": "feedback", "grpo": "prompts"}[task]
     file = data / ("docs.txt" if task == "causal_lm" else f"{source}.jsonl")
-    common = [f"task={task}", f"task.config={data / 'base'}", *SHORT]
-    extra = {"sft": ["task.sample_prompts=1"], "dpo": ["task.reference=precomputed"]}.get(task, [])
+    common = [f"task={task}", f"task.config={data / 'base'}", *SHORT, *(GRPO if task == "grpo" else ())]
+    extra = {"sft": ["task.sample_prompts=1"], "dpo": ["task.reference=precomputed"],
+             "kto": ["task.reference=precomputed"]}.get(task, [])
     paths = [[*common, *extra, f"task.data_files.train={file}"],
-             [*common, *extra, f"task.data_files.train={file}", "task.streaming=true", "task.eval_documents=5",
-              "task.packing=false" if task == "dpo" else "task.packing=true"],
              [*common, *extra, f"task.dataset={data / f'{source}_dataset'}"]]
-    if task == "dpo":  # TR-DPO's reference moving towards the policy: a copy's (precomputed values do not move)
+    if task != "grpo":  # task=grpo reads its prompts whole (streaming refused)
+        paths.append([*common, *extra, f"task.data_files.train={file}", "task.streaming=true",
+                      "task.eval_documents=5", "task.packing=false" if task in ("dpo", "kto") else "task.packing=true"])
+    if task in ("dpo", "kto"):  # TR-DPO's reference moving towards the policy: a copy's (precomputed ones do not move)
         paths.append([*common, f"task.data_files.train={file}", "task.sync_ref_every=1"])
+    if task == "grpo":  # a KL term to the reference
+        paths.append([*common, f"task.data_files.train={file}", "task.beta=0.04"])
     return paths
 
 
@@ -83,7 +94,7 @@ def recording(cfg: TaskConfig, read: set[str]) -> TaskConfig:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("task", ["causal_lm", "sft", "dpo"])
+@pytest.mark.parametrize("task", ["causal_lm", "sft", "dpo", "kto", "grpo"])
 def test_help_lists_only_the_keys_the_task_reads(task, data, tmp_path):
     read: set[str] = set()
     for number, overrides in enumerate(probes(task, data)):

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from app.config import ConfigError
 from app.tasks.dpo.config import Reference
-from app.tasks.sft.config import DataFormat, Overlong, SFTConfig, TrainOn
+from app.tasks.sft.config import Overlong, SFTConfig
 
 
 class ScaleRewards(str, enum.Enum):
@@ -105,6 +105,16 @@ class GRPOConfig(SFTConfig):
 
     DATA_NEEDED: ClassVar[str] = "prompts"
     DATA_FILES: ClassVar[str] = "JSON Lines, JSON, parquet... with a prompt column (a message list or a string)"
+    UNUSED: ClassVar[dict[str, str]] = {
+        **dict.fromkeys(("format", "messages_field", "completion_field", "text_field", "train_on"),
+                        "it reads prompts (task.prompt_field) and learns the completions it generates."),
+        **dict.fromkeys(("sample_prompts", "max_new_tokens"), "its evaluation generates for every validation prompt "
+                        "(task.max_completion_length tokens each)."),
+        **dict.fromkeys(("streaming", "eval_documents"), "it reads its prompts whole (no streaming yet)."),
+        **dict.fromkeys(("max_prompt_length", "truncation_mode"), "it never cuts a prompt (task.overlong=refuse or "
+                        "drop)."),
+    }
+    """task=sft's keys that prompts to generate for leave without a use."""
 
     name: str = "grpo"
     packing: bool = False
@@ -199,12 +209,9 @@ class GRPOConfig(SFTConfig):
             raise ConfigError("task=grpo needs at least one reward: task.rewards=[{_target_: my_rewards.exact_answer}] "
                               "(or {reward_model: <folder>}).")
         self.reward_specs()
-        if self.packing or self.streaming:
-            raise ConfigError("task=grpo reads its prompts map-style, one prompt and completion per row: give "
-                              "task.packing=false and task.streaming=false.")
-        if self.format is not DataFormat.auto or self.train_on is not TrainOn.assistant:
-            raise ConfigError("task=grpo reads prompts and learns the completions it generates: leave task.format "
-                              "and task.train_on at their defaults.")
+        self.check_unused()  # also for a config given to GRPOTask directly, not through RunConfig.check
+        if self.packing:
+            raise ConfigError("task=grpo trains one prompt and completion per row: give task.packing=false.")
         if self.overlong is Overlong.truncate:
             raise ConfigError("task=grpo never cuts a prompt: give task.overlong=refuse (stop, naming the prompt) or "
                               "drop (leave it out).")
