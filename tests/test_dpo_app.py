@@ -336,14 +336,15 @@ def test_two_processes_log_the_training_metrics_of_one(tmp_path, hardware):
     """Batch 4 on each of 2 processes (DDP, FSDP2) logs the training metrics of batch 8 on one: each
     process sums its pairs' metrics, and the window's one reduce adds them up with the loss's sums."""
     from app.engine.run import run as run_in_process
+    from app.launching.launch import launch  # python -m app's launch: 2 processes from its fork server
     from tests.conftest import compose_config
     from tests.helpers.metrics_rows import without_throughput
 
     args = (*window_args(tmp_path), "trainer.max_steps=2")
     one, two = tmp_path / "one", tmp_path / "two"
     run_in_process(compose_config(*args, "trainer.batch_size=8", f"hydra.run.dir={one}"), one)
-    run_app(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
-            f"hydra.run.dir={two}", cwd=tmp_path, check=True, timeout=240)
+    launch(compose_config(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
+                          f"hydra.run.dir={two}"), two)
     (expected,), (got,) = ([r for r in without_throughput(metrics_rows(run)) if "train/loss" in r] for run in (one, two))
     assert expected["train/rewards/margins"] != 0 and set(got) == set(expected)
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)
