@@ -44,6 +44,17 @@ def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | N
     return proc
 
 
+def launch_app(*overrides: str, run_dir: Path) -> float | None:
+    """The run ``python -m app <overrides> hydra.run.dir=<run_dir>`` makes, launched in this process
+    (``app.launching.launch``, what the command calls after Hydra): several processes start from the
+    app's fork server, already warm after this process's first launch, not from a new interpreter.
+    For tests whose claim is the run's result rather than the command line (no ``.hydra/`` nor
+    ``app.log`` is written; paths in ``overrides`` are taken from this process's folder)."""
+    from app.launching.launch import launch
+
+    return launch(compose_config(*overrides), run_dir)
+
+
 @pytest.fixture
 def compose_cfg():
     return compose_config

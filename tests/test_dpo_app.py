@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_app
+from tests.conftest import launch_app, run_app
 from tests.helpers.dpo_pairs import preference_rows
 from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
@@ -167,12 +167,11 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
             f"hardware={hardware}", "hardware.num_processes=2")
     name = f"{hardware}{'-streamed' if streaming else ''}"
     reference, run = prefs / f"uninterrupted-{name}", prefs / f"killed-{name}"
-    whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
-    said = whole.stdout + whole.stderr
-    assert said.count(PASS) == 1 and "split over 2 processes" in said  # the main process's log
-    assert ("train: streamed from" in said) is streaming
+    launch_app(*args, run_dir=reference)  # the uninterrupted run: the command line is the killed one's
     proc = run_app(*args, f"hydra.run.dir={run}", cwd=prefs, env={FAULT_ENV: "files:1"})
-    assert proc.returncode != 0 and (proc.stdout + proc.stderr).count(PASS) == 1
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and said.count(PASS) == 1 and "split over 2 processes" in said  # the main process's log
+    assert ("train: streamed from" in said) is streaming
     resumed = run_app(f"resume={run}", cwd=prefs, check=True)
     said = resumed.stdout + resumed.stderr
     assert "resum" in said and PASS not in said
