@@ -44,6 +44,17 @@ def run_app(*args: str, cwd: Path, timeout: float = 240, env: dict[str, str] | N
     return proc
 
 
+def launch_app(*overrides: str, run_dir: Path) -> float | None:
+    """The run ``python -m app <overrides> hydra.run.dir=<run_dir>`` makes, launched in this process
+    (``app.launching.launch``, what the command calls after Hydra): several processes start from the
+    app's fork server, already warm after this process's first launch, not from a new interpreter.
+    For tests whose claim is the run's result rather than the command line (no ``.hydra/`` nor
+    ``app.log`` is written; paths in ``overrides`` are taken from this process's folder)."""
+    from app.launching.launch import launch
+
+    return launch(compose_config(*overrides), run_dir)
+
+
 @pytest.fixture
 def compose_cfg():
     return compose_config
@@ -58,6 +69,66 @@ def text_model(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())
 
 
+# -- the suite on every core ------------------------------------------------------------------------------
+
+
+def suite_workers(config: pytest.Config) -> int:
+    """How many pytest-xdist workers run a whole-suite (or marker-selected) session: one per core this
+    process may use. A session naming files or tests (``pytest tests/test_foo.py``) stays in one process,
+    as does one with ``-s`` or ``--pdb`` (their output and prompts are the terminal's)."""
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    if named and not all(Path(arg).is_dir() for arg in config.args):  # a folder of tests is a suite too
+        return 0
+    if config.getoption("capture") == "no" or config.getoption("usepdb"):
+        return 0
+    return len(os.sched_getaffinity(0))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``python -m pytest -q`` runs the suite on one pytest-xdist worker per core (tests grouped with
+    ``xdist_group`` run on one worker, in order); ``-n N`` chooses, ``-n 0`` or ``-p no:xdist`` runs in
+    one process, and so does a session that names files or tests."""
+    if hasattr(config, "workerinput"):  # a worker: it runs what it is sent
+        return
+    if not config.pluginmanager.hasplugin("xdist") or config.getoption("numprocesses") is not None:
+        return
+    config.option.numprocesses = suite_workers(config)
+    if config.option.numprocesses and config.getoption("dist") == "no":
+        config.option.dist = "loadgroup"
+
+
+def distributed(config: pytest.Config) -> bool:
+    """Whether this session hands its tests to pytest-xdist workers (in the controller and the workers)."""
+    return hasattr(config, "workerinput") or config.getoption("dist", "no") != "no"
+
+
+SHARED_SCOPES = ("module", "class", "package")
+
+
+def shares_a_fixture_of_its_module(item: pytest.Item) -> bool:
+    """Whether the test uses a module- (or class-) scoped fixture that its own module defines or imports:
+    a trained run, a saved model, built once for the module's tests."""
+    module = item.getparent(pytest.Module)
+    defined = item._fixtureinfo.name2fixturedefs  # type: ignore[attr-defined]
+    return module is not None and any(
+        definitions[-1].scope in SHARED_SCOPES and definitions[-1].baseid == module.nodeid
+        for definitions in defined.values())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """When the session is spread over xdist workers: the tests of a module that share its module-scoped
+    fixtures go to one worker (``xdist_group``: the fixture is built once, not once per worker), and the
+    long tests (``slow``, ``multiprocess``) go first, so that the workers end together rather than one
+    finishing a long test while the others idle."""
+    if not distributed(config):
+        return
+    for item in items:
+        if shares_a_fixture_of_its_module(item) and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.getparent(pytest.Module).nodeid))
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("slow", "multiprocess")))
+
+
 # -- a busy machine, on request --------------------------------------------------------------------------
 
 
@@ -69,12 +140,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
              "of the signal and multi-process tests: -m 'signals or multiprocess' --busy-loops 2)")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def busy_machine(request: pytest.FixtureRequest):
-    """``--busy-loops N``: N processes spinning until the session ends (none by default)."""
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-             for _ in range(request.config.getoption("--busy-loops"))]
-    yield len(loops)
-    for loop in loops:
+BUSY_LOOPS: list[subprocess.Popen] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``--busy-loops N``: N processes spinning until the session ends (none by default), started once by
+    the process that runs the session (not once per xdist worker)."""
+    if not hasattr(session.config, "workerinput"):
+        BUSY_LOOPS.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                          for _ in range(session.config.getoption("--busy-loops")))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while BUSY_LOOPS:
+        loop = BUSY_LOOPS.pop()
         loop.kill()
         loop.wait()

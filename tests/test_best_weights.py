@@ -146,10 +146,11 @@ def test_killed_between_the_best_and_the_end_and_resumed_it_exports_the_best(at_
 @pytest.mark.parametrize("hardware", ["multi_cpu", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_on_two_processes_the_export_holds_the_best_evaluations_weights(tmp_path, hardware):
     """DDP keeps the full weights from the main process; FSDP2 each rank's shards (``best_10/model/``)."""
+    from app.launching.launch import launch  # python -m app's launch: 2 processes from its fork server
+
     args = (*FIRST_IS_BEST, f"hardware={hardware}", "hardware.num_processes=2")
-    run_app(*args, f"trainer.max_steps={BEST_STEP}", "checkpoint.export=last", f"hydra.run.dir={tmp_path / 'at_best'}",
-            cwd=tmp_path, check=True)
-    run_app(*args, "trainer.max_steps=40", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path, check=True)
+    launch(compose_config(*args, f"trainer.max_steps={BEST_STEP}", "checkpoint.export=last"), tmp_path / "at_best")
+    launch(compose_config(*args, "trainer.max_steps=40"), tmp_path / "run")
     said = described(tmp_path / "run")
     assert (said["step"], said["checkpoint"]) == (10, "best_10")
     kept = tmp_path / "run" / "checkpoints" / "best_10"

@@ -26,7 +26,7 @@ from app.config import ConfigError
 from app.tasks.causal_lm.batches import IGNORE_INDEX, LMCollator
 from app.tasks.causal_lm.documents import encode_documents, pack
 from app.tasks.causal_lm.stream import LineReader, LineStream
-from tests.conftest import compose_config, compose_many, run_app
+from tests.conftest import compose_config, compose_many, launch_app, run_app
 from tests.helpers.tiny_llama import documents, make_tiny_llama, write_jsonl, write_text
 
 QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
@@ -395,13 +395,13 @@ def test_streamed_on_two_processes_killed_and_resumed_ends_bitwise_equal(tmp_pat
     write_jsonl(tmp_path / "train.jsonl", documents(600, seed=2))
     validation = documents(60, seed=5)
     write_text(tmp_path / "validation.txt", validation)
-    args = ("task=causal_lm", f"task.config={llama}", "task.data_files.train=train.jsonl",
-            "task.data_files.validation=validation.txt", "task.streaming=true", "task.block_size=16",
+    args = ("task=causal_lm", f"task.config={llama}", f"task.data_files.train={tmp_path / 'train.jsonl'}",
+            f"task.data_files.validation={tmp_path / 'validation.txt'}", "task.streaming=true", "task.block_size=16",
             "trainer.batch_size=4", "trainer.eval_batch_size=4", "trainer.max_steps=9", "checkpoint.every_n_steps=3",
             "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=2", "checkpoint.export=last",
-            "hardware=multi_cpu", "hardware.num_processes=2", "task.cache_dir=cache", *QUIET)
+            "hardware=multi_cpu", "hardware.num_processes=2", f"task.cache_dir={tmp_path / 'cache'}", *QUIET)
     reference, run = tmp_path / "reference", tmp_path / "run"
-    run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True)
+    launch_app(*args, run_dir=reference)  # the uninterrupted run: the command line is the killed one's
     proc = run_app(*args, f"hydra.run.dir={run}", cwd=tmp_path, env={FAULT_ENV: "files:1"})
     assert proc.returncode != 0
     run_app(f"resume={run}", cwd=tmp_path, check=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_app
+from tests.conftest import launch_app, run_app
 from tests.helpers.dpo_pairs import preference_rows
 from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
@@ -167,12 +167,11 @@ def test_precomputed_on_two_processes_killed_and_resumed_ends_bitwise_equal(pref
             f"hardware={hardware}", "hardware.num_processes=2")
     name = f"{hardware}{'-streamed' if streaming else ''}"
     reference, run = prefs / f"uninterrupted-{name}", prefs / f"killed-{name}"
-    whole = run_app(*args, f"hydra.run.dir={reference}", cwd=prefs, check=True)
-    said = whole.stdout + whole.stderr
-    assert said.count(PASS) == 1 and "split over 2 processes" in said  # the main process's log
-    assert ("train: streamed from" in said) is streaming
+    launch_app(*args, run_dir=reference)  # the uninterrupted run: the command line is the killed one's
     proc = run_app(*args, f"hydra.run.dir={run}", cwd=prefs, env={FAULT_ENV: "files:1"})
-    assert proc.returncode != 0 and (proc.stdout + proc.stderr).count(PASS) == 1
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and said.count(PASS) == 1 and "split over 2 processes" in said  # the main process's log
+    assert ("train: streamed from" in said) is streaming
     resumed = run_app(f"resume={run}", cwd=prefs, check=True)
     said = resumed.stdout + resumed.stderr
     assert "resum" in said and PASS not in said
@@ -339,14 +338,15 @@ def test_two_processes_log_the_training_metrics_of_one(tmp_path, hardware):
     """Batch 4 on each of 2 processes (DDP, FSDP2) logs the training metrics of batch 8 on one: each
     process sums its pairs' metrics, and the window's one reduce adds them up with the loss's sums."""
     from app.engine.run import run as run_in_process
+    from app.launching.launch import launch  # python -m app's launch: 2 processes from its fork server
     from tests.conftest import compose_config
     from tests.helpers.metrics_rows import without_throughput
 
     args = (*window_args(tmp_path), "trainer.max_steps=2")
     one, two = tmp_path / "one", tmp_path / "two"
     run_in_process(compose_config(*args, "trainer.batch_size=8", f"hydra.run.dir={one}"), one)
-    run_app(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
-            f"hydra.run.dir={two}", cwd=tmp_path, check=True, timeout=240)
+    launch(compose_config(*args, "trainer.batch_size=4", f"hardware={hardware}", "hardware.num_processes=2",
+                          f"hydra.run.dir={two}"), two)
     (expected,), (got,) = ([r for r in without_throughput(metrics_rows(run)) if "train/loss" in r] for run in (one, two))
     assert expected["train/rewards/margins"] != 0 and set(got) == set(expected)
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-7)

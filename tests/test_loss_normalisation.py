@@ -7,8 +7,9 @@ classifier), not each micro-batch's mean by the accumulation steps and the proce
 The language model trains one document per row (``task.packing=false``) on documents of 1 and of 12
 sentences, so the micro-batches hold very different numbers of tokens; the classifier's training set
 ends with a smaller batch (15 samples: the second global batch has 7), and on 2 processes that batch is
-completed with a duplicate, which must not count. Runs are real (``python -m app`` for 2 processes, the
-same run in-process for one); nothing in the models is random after initialisation (no dropout).
+completed with a duplicate, which must not count. Runs are real (the launch of ``python -m app``, called
+here: 2 processes on gloo started by the app's launcher, or the run in this process for one); nothing in
+the models is random after initialisation (no dropout).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 from app.engine.run import run as run_in_process
-from tests.conftest import compose_config, run_app
+from app.launching.launch import launch
+from tests.conftest import compose_config
 from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.text_data import topic_rows, vocabulary_text, write_csv
 
@@ -91,8 +93,7 @@ def train(tmp_path: Path, name: str, split: tuple[int, int, int, str], *args: st
     if processes == 1:
         run_in_process(compose_config(*args), run)
     else:
-        run_app(*args, f"hardware={hardware}", f"hardware.num_processes={processes}", cwd=tmp_path, check=True,
-                timeout=300)
+        launch(compose_config(*args, f"hardware={hardware}", f"hardware.num_processes={processes}"), run)
     return run
 
 

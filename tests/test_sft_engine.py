@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from app.engine.run import run as run_in_process
-from tests.conftest import compose_config, run_app
+from tests.conftest import compose_config, launch_app, run_app
 from tests.helpers.metrics_rows import metrics_rows, without_throughput
 from tests.helpers.tiny_chat import conversations, make_tiny_chat_llama, write_jsonl
 from tests.test_loss_normalisation import ONE_SGD_STEP, assert_same_updates, updates_by_split
@@ -66,7 +66,7 @@ def killed_and_resumed(tmp_path: Path, chat: tuple[str, ...], *extra: str) -> tu
             "trainer.max_steps=9", "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=9",
             "trainer.log_every_n_steps=1", "checkpoint.export=last", "early_stopping.patience=null")
     reference, killed = tmp_path / "reference", tmp_path / "killed"
-    run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True, timeout=300)
+    launch_app(*args, run_dir=reference)  # the uninterrupted run: the command line is the killed one's
     proc = run_app(*args, f"hydra.run.dir={killed}", cwd=tmp_path, env={FAULT_ENV: "files:1"}, timeout=300)
     assert proc.returncode != 0 and not (killed / "model").exists()
     assert max(r["step"] for r in metrics_rows(killed)) >= 6  # it had trained past the first save

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from app.engine.run import run as run_in_process
-from tests.conftest import compose_config, run_app
+from tests.conftest import compose_config, launch_app
 from tests.test_sft_engine import QUIET, chat  # noqa: F401 - the fixture
 
 ARGS = ("task.sample_prompts=2", "task.max_new_tokens=6", "task.packing=true", "task.block_size=128",
@@ -55,7 +55,7 @@ def test_each_evaluation_writes_its_samples_to_the_run_folder_and_tensorboard(tm
 @pytest.mark.timeout(600)
 def test_on_two_processes_the_main_process_writes_the_samples(tmp_path, chat):  # noqa: F811
     run = tmp_path / "run2"
-    run_app(*chat, *QUIET, *ARGS, "hardware=multi_cpu", f"hydra.run.dir={run}", cwd=tmp_path, check=True, timeout=400)
+    launch_app(*chat, *QUIET, *ARGS, "hardware=multi_cpu", run_dir=run)
     assert_samples(run, (2, 4))
 
 
@@ -64,5 +64,5 @@ def test_on_two_processes_the_main_process_writes_the_samples(tmp_path, chat):  
 @pytest.mark.timeout(600)
 def test_with_fsdp2_every_process_generates_and_the_main_one_writes(tmp_path, chat):  # noqa: F811
     run = tmp_path / "fsdp"
-    run_app(*chat, *QUIET, *ARGS, "hardware=fsdp", f"hydra.run.dir={run}", cwd=tmp_path, check=True, timeout=400)
+    launch_app(*chat, *QUIET, *ARGS, "hardware=fsdp", run_dir=run)
     assert_samples(run, (2, 4))
