@@ -13,6 +13,8 @@
   template, the loss on the assistant's tokens, packing without cross-attention (built on ``causal_lm``).
 - ``dpo/``: ``task=dpo``, preference tuning (DPO, IPO) on chosen/rejected pairs, the reference model a
   frozen copy, the LoRA model with its adapters disabled, or values precomputed once (built on ``sft``).
+- ``reward_model/``: ``task=reward_model``, a one-label sequence classifier on a causal LM trained on
+  chosen/rejected pairs (Bradley-Terry), and the scorer that reads its export (built on ``dpo``'s data).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -28,6 +30,7 @@ from app.tasks.causal_lm.config import CausalLMConfig
 from app.tasks.digits.config import DigitsConfig
 from app.tasks.dpo.config import DPOConfig
 from app.tasks.external import external_task_class
+from app.tasks.reward_model.config import RewardModelConfig
 from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
 
@@ -40,6 +43,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "causal_lm": CausalLMConfig,
     "sft": SFTConfig,
     "dpo": DPOConfig,
+    "reward_model": RewardModelConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -53,6 +57,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.text.task import TextClassificationTask
 
         return TextClassificationTask(cfg)
+    if isinstance(cfg, RewardModelConfig):  # before dpo: its schema extends dpo's
+        from app.tasks.reward_model.task import RewardModelTask
+
+        return RewardModelTask(cfg)
     if isinstance(cfg, DPOConfig):  # before sft: its schema extends sft's
         from app.tasks.dpo.task import DPOTask
 
@@ -71,4 +79,5 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "SFTConfig", "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "RewardModelConfig", "SFTConfig",
+           "TextClassificationConfig", "build_task"]

@@ -7,7 +7,8 @@ decreasing of their two sides' total length; a row's capacity is twice ``task.bl
 pair fits (each side is at most the block). A batch numbers its pairs 0..P-1 and gives every token a
 ``segment``: ``j`` for pair j's chosen side, ``P + j`` for its rejected side, ``2P`` for padding, so the
 summed answer log-probabilities come out in the unpacked batch's order (chosen sides, then rejected
-sides), and ``pair_row`` says which row holds each pair (the engine's samples are rows).
+sides), and ``pair_row`` says which row holds each pair (the engine's samples are rows). A pair's other
+values (its number ``pair``, a reward model's ``margin``) come as one tensor each, in the same order.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class PackedPairs(Dataset):
     """Rows of whole pairs (``bins`` of indices into ``pairs``); a row is the list of its pairs."""
 
     def __init__(self, pairs: datasets.Dataset, block_size: int):
-        self.pairs = pairs.select_columns(["chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels", "pair"])
+        self.pairs = pairs  # its sides' tokens and each pair's other values (per_pair_values)
         lengths = [len(c) + len(r) for c, r in zip(pairs["chosen_ids"], pairs["rejected_ids"], strict=True)]
         self.capacity = 2 * block_size
         self.bins = best_fit_decreasing(lengths, self.capacity)
@@ -49,7 +50,8 @@ class PackedPairs(Dataset):
 
 class PackedPairCollator:
     """Rows of pairs into a batch: ``input_ids``, ``labels`` (-100: not learnt), ``position_ids``,
-    ``segment``, ``pair`` (each pair's number, for the precomputed reference) and ``pair_row``; padded
+    ``segment``, ``pair_row`` and each pair's other values (:func:`per_pair_values`: ``pair``, its number
+    for the precomputed reference; a reward model's ``margin``); padded
     on the right to the longest row, or to ``fixed_length`` (XLA). No attention mask: see the module."""
 
     def __init__(self, pad_id: int, fixed_length: int | None = None):
@@ -78,8 +80,18 @@ class PackedPairCollator:
             positions[i, n:] -= n  # the padding: a sequence of its own
         return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
                 "position_ids": torch.from_numpy(positions), "segment": torch.from_numpy(segment),
-                "pair": torch.tensor([p["pair"] for p in pairs], dtype=torch.int64),
-                "pair_row": torch.tensor([i for i, row in enumerate(rows) for _ in row], dtype=torch.int64)}
+                "pair_row": torch.tensor([i for i, row in enumerate(rows) for _ in row], dtype=torch.int64),
+                **per_pair_values(pairs)}
+
+
+TOKEN_COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
+
+
+def per_pair_values(pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Each of the pairs' values other than their sides' tokens, one tensor per name in the pairs' order:
+    ``pair`` (int64), and what a task reads besides (a reward model's ``margin``: float32)."""
+    return {name: torch.tensor([p[name] for p in pairs], dtype=torch.int64 if name == "pair" else torch.float32)
+            for name in pairs[0] if name not in TOKEN_COLUMNS}
 
 
 def per_row(values: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:

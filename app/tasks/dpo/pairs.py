@@ -11,11 +11,13 @@ and tokenized with character offsets (``tokens.tokenize``), then fitted into the
 prompts cut, answers cut at the block's end, or the pair dropped). A bad pair's refusal names its file
 and line (an empty answer, a chosen answer identical to the rejected one, a side longer than the block
 with ``task.overlong=refuse``): returned in an ``error`` column, as ``tokens.encode_rows`` returns a bad
-row's.
+row's. A task that reads a number per pair besides (task=reward_model's ``margin``) names its column in
+``PairFields.margin``: a row without it (or with null) has 0, one with something else than a number is bad.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +53,9 @@ class PairFields:
     """How the split's rows are named in messages (its file, and line, row or byte)."""
     tools: str = "tools"
     """The column of function schemas given to the chat template (``task.tools_field``)."""
+    margin: str | None = None
+    """A column of one number per pair, carried with it as ``margin`` (task=reward_model's
+    ``task.margin_field``); None: nothing more is read."""
 
     @classmethod
     def of(cls, cfg: DPOConfig, places: Places) -> Self:
@@ -94,6 +99,17 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
         raise BadRow(f"{fields.prompt!r}, {fields.chosen!r} and {fields.rejected!r} must be strings or lists of "
                      "messages")
     return sides[0], sides[1]
+
+
+def margin_of(row: dict[str, Any], name: str) -> float:
+    """A row's number in column ``name``: 0 where it has none (absent or null); BadRow for anything but a
+    finite number."""
+    value = row.get(name)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRow(f"its {name!r} is not a finite number (it is {value!r})")
+    return float(value)
 
 
 def one_kind(prompt: Any, chosen: Any, rejected: Any, fields: PairFields) -> tuple[Any, Any, Any]:
@@ -155,7 +171,8 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     (-100: not learnt), fitted into the block (``fit.fit_pair``); ``prompt_cut``, ``answer_cut`` and
     ``dropped`` (1: what was done to the pair; a dropped pair's lists are empty) and ``error``: why a bad
     pair is refused, naming its place (empty for a good pair; a bad one's lists are empty), with ``place`` and
-    ``raw`` (the row as it came, for a bad one) for ``bad_rows``. Errors are returned, not raised, as
+    ``raw`` (the row as it came, for a bad one) for ``bad_rows``; and ``margin`` where ``fields.margin`` names its
+    column (:func:`margin_of`). Errors are returned, not raised, as
     ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be torn down
     mid-work."""
     finder = SpanFinder(tokenizer, TrainOn.assistant)
@@ -163,9 +180,14 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     places = [fields.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
     formatted: list[Formatted] = []
     errors: list[str] = []
+    margins: list[float] = []
     for place, row in zip(places, rows, strict=True):
+        margins.append(0.0)
         try:
-            formatted.extend([one_sequence(finder(side)) for side in read_pair(row_record(row), fields)])
+            record = row_record(row)
+            sides = read_pair(record, fields)
+            margins[-1] = margin_of(record, fields.margin) if fields.margin is not None else 0.0
+            formatted.extend([one_sequence(finder(side)) for side in sides])
             errors.append("")
         except BadRow as err:
             errors.append(f"{fields.where(place)}: {err}.")
@@ -188,6 +210,8 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
         for count in COUNTS:
             out[count].append(int(getattr(fitted, count)))
         out["raw"].append(raw_text(row) if errors[k] else "")
+    if fields.margin is not None:
+        out["margin"] = margins
     return out
 
 
@@ -207,11 +231,11 @@ def one_sequence(formatted: list[Formatted]) -> Formatted:
     return formatted[0]
 
 
-def pair_features() -> datasets.Features:
-    """The columns of :func:`encode_pairs`, given to ``datasets.map`` so a batch of bad pairs (empty lists)
-    does not make it infer another type for them."""
+def pair_features(margin: bool = False) -> datasets.Features:
+    """The columns of :func:`encode_pairs` (``margin``: with its ``margin`` column), given to ``datasets.map`` so
+    a batch of bad pairs (empty lists) does not make it infer another type for them."""
     from datasets import Features, List, Value
 
     return Features({**{f"{side}_{part}": List(Value("int64")) for side in SIDES for part in ("ids", "labels")},
                      **{count: Value("int64") for count in COUNTS}, "error": Value("string"), "place": Value("int64"),
-                     "raw": Value("string")})
+                     "raw": Value("string"), **({"margin": Value("float64")} if margin else {})})

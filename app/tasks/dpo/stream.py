@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.tasks.causal_lm.stream import LineReader, LineStream
-from app.tasks.dpo.pairs import SIDES, PairFields, encode_pairs
+from app.tasks.dpo.pairs import COUNTS, PairFields, encode_pairs
 from app.tasks.sft.records import PLACE, RECORD
 from app.tasks.sft.stream import records_read
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
+BOOKKEEPING = (*COUNTS, "error", "place", "raw")
+"""The columns of ``encode_pairs`` that are not a pair's own (a reward model's ``margin`` is)."""
 
 
 class PairStream(LineStream):
@@ -46,7 +47,7 @@ class PairStream(LineStream):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict({**state, "pending": []})
-        self._state["pending"] = [{k: (int(v) if k == "pair" else [int(x) for x in v]) for k, v in row.items()}
+        self._state["pending"] = [{k: ([int(x) for x in v] if isinstance(v, list) else v) for k, v in row.items()}
                                   for row in state["pending"]]
 
     def from_the_start(self) -> PairStream:
@@ -62,5 +63,6 @@ class PairStream(LineStream):
         """The records' pairs; bad ones (found and judged before training: ``SFTTask._check_stream``) and dropped
         ones left out."""
         out = self.encode_pairs({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
-        return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))
+        own = [c for c in out if c not in BOOKKEEPING]  # the sides' tokens, and a reward model's margin
+        return [{**{c: out[c][k] for c in own}, "pair": offsets[k]} for k in range(len(texts))
                 if not out["dropped"][k] and not out["error"][k]]

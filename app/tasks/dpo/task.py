@@ -32,7 +32,7 @@ from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
-from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_row
+from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_pair_values, per_row
 from app.tasks.dpo.pairs import (
     COUNTS,
     SIDES,
@@ -64,7 +64,8 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/acc
 
 class PairCollator:
     """Pairs into one batch: the chosen rows, then the rejected rows (``SFTCollator``: padded on the
-    right, -100 labels, an attention mask where lengths differ), and each pair's row number ``pair``."""
+    right, -100 labels, an attention mask where lengths differ), and each pair's values besides
+    (``packing.per_pair_values``: its row number ``pair``, a reward model's ``margin``)."""
 
     def __init__(self, pad_id: int, fixed_length: int | None = None):
         self.rows = SFTCollator(pad_id, fixed_length)
@@ -72,8 +73,7 @@ class PairCollator:
     def __call__(self, pairs: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
                            for side in SIDES for p in pairs])
-        batch["pair"] = torch.tensor([p["pair"] for p in pairs], dtype=torch.int64)
-        return batch
+        return {**batch, **per_pair_values(pairs)}
 
 
 class DPOTask(SFTTask):
@@ -140,17 +140,22 @@ class DPOTask(SFTTask):
             (f"train: streamed from {path} ({size - begin:,} bytes{after}, "
              f"{'conversations' if self.conversational else 'text'}), read while training"),
             f"validation: {len(data):,} pairs of {evaluation.origin}{fitted}"]
-        fields = PairFields.of(cfg, Places(str(path), "byte"))
+        fields = self._pair_fields(Places(str(path), "byte"))
         return (PairStream(path, begin, self.tokenizer, fields),
                 data.add_column("pair", [-(k + 1) for k in range(len(data))]),
                 digest(path.name, str(size), str(begin), evaluation.fingerprint))
+
+    def _pair_fields(self, places: Places) -> PairFields:
+        """The columns a split's pairs are read from, and how they are fitted (a task built on this one may
+        read more: task=reward_model's margins)."""
+        return PairFields.of(self.cfg, places)
 
     def _check_columns(self, columns: list[str], origin: str) -> None:
         cfg = self.cfg
         missing = [c for c in (cfg.chosen_field, cfg.rejected_field) if c not in columns]
         if missing:
             raise ConfigError(f"{origin} has no {' or '.join(repr(c) for c in missing)} column (it has "
-                              f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
+                              f"{', '.join(columns)}); task={cfg.name} reads prompt/chosen/rejected pairs: set "
                               "task.prompt_field, task.chosen_field and task.rejected_field.")
 
     def _pairs_read(self) -> tuple[datasets.Dataset, datasets.Dataset, str]:
@@ -185,9 +190,10 @@ class DPOTask(SFTTask):
         """The split's pairs (cached), its bad ones judged (``task.bad_rows``) and the dropped ones left out, and
         what was skipped, cut and dropped, for the log."""
         cfg = self.cfg
-        fields = PairFields.of(cfg, places)
+        fields = self._pair_fields(places)
+        read = [fields.prompt, fields.chosen, fields.rejected, fields.tools, *([fields.margin] if fields.margin else [])]
         payload = {"version": CACHE_VERSION, "tokenizer": tokenizer_fingerprint(self.tokenizer),
-                   "template": self.tokenizer.chat_template, "fields": [fields.prompt, fields.chosen, fields.rejected, fields.tools],
+                   "template": self.tokenizer.chat_template, "fields": read,
                    "fit": asdict(fields.fit), "data": split.fingerprint}
         key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
         root.mkdir(parents=True, exist_ok=True)
@@ -195,7 +201,7 @@ class DPOTask(SFTTask):
                               with_indices=True, remove_columns=split.data.column_names, new_fingerprint=key,
                               num_proc=cfg.num_proc if len(split.data) >= 2 * cfg.num_proc > 2 else None,
                               desc=f"Tokenizing {cfg.name} {name}",
-                              features=pair_features(), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
+                              features=pair_features(fields.margin is not None), cache_file_name=str(root / f"dpo-{name}-{key}.arrow"),
                               load_from_cache_file=True)
         bad = skipped_of(data, places)
         self._judge(bad, len(data), places.origin)
