@@ -79,14 +79,16 @@ class PairCollator:
 class DPOTask(SFTTask):
     metric_names: tuple[str, ...] = ("loss", *METRICS)  # type: ignore[assignment]
 
-    def __init__(self, cfg: DPOConfig):
+    def __init__(self, cfg: DPOConfig, reference_free: bool = False):
         super().__init__(cfg)
         self.cfg: DPOConfig = cfg
         self.conversational = False
+        self.reference_free = reference_free
+        """No reference model is made or run (a task built on these pairs that has none: task=reward_model)."""
         self._runtime: TaskRuntime | None = None
         """``build_data``'s runtime: ``build_model`` prepares the reference copy with it."""
         self.reference: FrozenCopy | AdaptersDisabled | Precomputed | None = \
-            AdaptersDisabled() if cfg.reference is Reference.base else None
+            AdaptersDisabled() if not reference_free and cfg.reference is Reference.base else None
 
     # -- data ----------------------------------------------------------------------------------------------
 
@@ -106,7 +108,7 @@ class DPOTask(SFTTask):
         stream = train if isinstance(train, PairStream) else None
         if stream is not None:
             self._check_stream(runtime, stream, functools.partial(bad_pairs, tokenizer=tokenizer, fields=stream.fields))
-        if self.cfg.reference is Reference.precomputed:  # its pass runs pair by pair, packed or not
+        if not self.reference_free and self.cfg.reference is Reference.precomputed:  # pair by pair, packed or not
             self.reference = Precomputed(key, (evaluation,) if stream else (train, evaluation), collate,
                                          self.cfg.reference_batch_size, runtime, stream)
             runtime.register_for_checkpointing(self.reference)

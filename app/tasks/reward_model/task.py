@@ -49,7 +49,7 @@ class RewardModelTask(DPOTask):
     reward are no sums, so evaluation gathers each row's values (:data:`EVALUATED`) instead."""
 
     def __init__(self, cfg: RewardModelConfig):
-        super().__init__(cfg)
+        super().__init__(cfg, reference_free=True)
         self.cfg: RewardModelConfig = cfg
         self._padding_given = False
         self._evaluation_pairs: Any = None
@@ -84,7 +84,8 @@ class RewardModelTask(DPOTask):
 
     def build_data(self, runtime: TaskRuntime) -> TaskData:
         data = super().build_data(runtime)
-        self._evaluation_pairs = data.eval.pairs if isinstance(data.eval, PackedPairs) else data.eval
+        if self.cfg.predict_test:  # kept for the scores' file, in the evaluation set's order
+            self._evaluation_pairs = data.eval.pairs if isinstance(data.eval, PackedPairs) else data.eval
         return data
 
     def tokens_in_batch(self, batch: Any) -> torch.Tensor:
