@@ -22,26 +22,16 @@ import torch
 from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
 from tests.helpers.dpo_pairs import preference_rows
-from tests.helpers.metrics_rows import metrics_rows, without_throughput
+from tests.helpers.metrics_rows import metrics_rows
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
+from tests.test_dpo_app import data_args as dpo_data_args
+from tests.test_dpo_app import prefs  # noqa: F401 - the fixture: a tiny Llama, 240 pairs, 40 held out (seed 7)
 from tests.test_loss_normalisation import ONE_SGD_STEP, assert_same_updates, weights
-
-QUIET = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
-
-
-@pytest.fixture(scope="module")
-def prefs(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("reward_model_app")
-    make_tiny_chat_llama(folder / "base", hidden=64)
-    write_jsonl(folder / "prefs.jsonl", preference_rows(400))
-    write_jsonl(folder / "val.jsonl", preference_rows(40, seed=7))
-    return folder
+from tests.test_sft_engine import QUIET, assert_bitwise_equal, killed_and_resumed
 
 
-def data_args(prefs: Path) -> tuple[str, ...]:
-    return ("task=reward_model", f"task.config={prefs / 'base'}", f"task.data_files.train={prefs / 'prefs.jsonl'}",
-            f"task.data_files.validation={prefs / 'val.jsonl'}", "task.block_size=128",
-            f"task.cache_dir={prefs / 'cache'}", *QUIET)
+def data_args(prefs: Path) -> tuple[str, ...]:  # noqa: F811
+    return ("task=reward_model", *dpo_data_args(prefs)[1:])
 
 
 def transformers_scores(folder: Path, rows: list[dict]) -> list[tuple[float, float]]:
@@ -59,14 +49,14 @@ def transformers_scores(folder: Path, rows: list[dict]) -> list[tuple[float, flo
     return list(zip(scores[::2], scores[1::2], strict=True))
 
 
-def test_a_run_learns_the_preference_and_its_export_ranks_as_the_run_measured(prefs):
+def test_a_run_learns_the_preference_and_its_export_ranks_as_the_run_measured(prefs):  # noqa: F811
     run = prefs / "run"
-    run_app(*data_args(prefs), "trainer.max_epochs=3", "optim.lr=1e-3", "trainer.eval_every_n_steps=25",
+    run_app(*data_args(prefs), "trainer.max_epochs=5", "optim.lr=1e-3", "trainer.eval_every_n_steps=30",
             "early_stopping.monitor=eval/accuracy", "early_stopping.mode=max", f"hydra.run.dir={run}",
             cwd=prefs, check=True, timeout=300)
     rows = metrics_rows(run)
     evaluations = [r for r in rows if "eval/loss" in r]
-    assert len(evaluations) == 6
+    assert len(evaluations) == 5
     first, best = evaluations[0], max(evaluations, key=lambda r: r["eval/accuracy"])
     assert best["eval/accuracy"] >= 0.9 and best["eval/margin"] > first["eval/margin"]
     assert best["eval/loss"] < first["eval/loss"] < 0.7
@@ -127,17 +117,23 @@ def reward_start(tmp_path_factory) -> tuple[str, ...]:
     with torch.no_grad():
         classifier.score.weight.mul_(40.0)  # scores well beyond 0: the loss's every term matters
     classifier.save_pretrained(model)
-    pairs = preference_rows(8, seed=2)
-    for k, row in enumerate(pairs):
-        row["margin"] = [0.0, 0.5, 1.0, -0.5][k % 4]
-        if k >= 4:  # long answers: several sentences
-            for side in ("chosen", "rejected"):
-                row[side] = [{"role": "assistant", "content": " ".join([row[side][0]["content"]] * 4)}]
-    train = write_jsonl(folder / "train.jsonl", pairs)
+    train = write_jsonl(folder / "train.jsonl", uneven_pairs(8))
+    write_jsonl(folder / "more.jsonl", uneven_pairs(24))  # the resume drill's: rows for 2 processes at batch 2
     return ("task=reward_model", f"task.model={model}", f"task.data_files.train={train}",
             f"task.data_files.validation={train}", f"task.cache_dir={folder / 'cache'}",
             "task.center_rewards_coefficient=0.1", "checkpoint.every_epoch=false", "checkpoint.export=last",
             "early_stopping.patience=null", *QUIET)
+
+
+def uneven_pairs(n: int) -> list[dict]:
+    """Pairs with margins, four short ones then four with answers of several sentences, in turn."""
+    pairs = preference_rows(n, seed=2)
+    for k, row in enumerate(pairs):
+        row["margin"] = [0.0, 0.5, 1.0, -0.5][k % 4]
+        if (k // 4) % 2:
+            for side in ("chosen", "rejected"):
+                row[side] = [{"role": "assistant", "content": " ".join([row[side][0]["content"]] * 4)}]
+    return pairs
 
 
 def one_step_updates(tmp_path: Path, args: tuple[str, ...],
@@ -174,52 +170,21 @@ def test_one_sgd_step_under_fsdp2_is_batch_8s_update(tmp_path, reward_start):
         "batch 8": (8, 1, 1, "cpu"), "batch 2 x 2 accumulated x 2 processes FSDP2": (2, 2, 2, "fsdp")}))
 
 
-def killed_and_resumed(tmp_path: Path, args: tuple[str, ...]) -> tuple[Path, Path]:
-    """An uninterrupted run of 9 AdamW steps (saves at 3, 6, 9) and the same run SIGKILLed half-way through
-    writing its second save's files, then resumed from its run folder (from step 3)."""
-    from app.distributed.checkpoint.store import FAULT_ENV
-
-    args = (*args, "optim.lr=3e-3", "trainer.batch_size=2", "trainer.max_steps=9", "checkpoint.every_n_steps=3",
-            "trainer.eval_every_n_steps=9", "trainer.log_every_n_steps=2", "checkpoint.export=last",
-            "early_stopping.patience=null")
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    run_app(*args, f"hydra.run.dir={reference}", cwd=tmp_path, check=True, timeout=300)
-    proc = run_app(*args, f"hydra.run.dir={killed}", cwd=tmp_path, env={FAULT_ENV: "files:1"}, timeout=300)
-    assert proc.returncode != 0 and not (killed / "model").exists()
-    run_app(f"resume={killed}", cwd=tmp_path, check=True, timeout=300)
-    return reference, killed
-
-
-def assert_bitwise_equal(reference: Path, resumed: Path) -> None:
-    weights_file = "model/model.safetensors"
-    assert (resumed / weights_file).read_bytes() == (reference / weights_file).read_bytes()
-    logged = without_throughput(metrics_rows(reference))
-    assert without_throughput(metrics_rows(resumed))[-len(logged):] == logged  # the rows from before the kill
-    assert [r["step"] for r in logged if "train/accuracy" in r] == [2, 4, 6, 8, 9]
-
-
 @pytest.mark.signals
 @pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_killed_mid_save_and_resumed_ends_with_the_uninterrupted_weights(tmp_path, reward_start):
-    """Packed pairs, margins and the centring term, on one process."""
-    assert_bitwise_equal(*killed_and_resumed(tmp_path, (*reward_start, "task.packing=true", "task.block_size=128")))
-
-
-@pytest.mark.signals
-@pytest.mark.slow
-@pytest.mark.multiprocess
 @pytest.mark.timeout(900)
-def test_on_two_fsdp2_processes_streamed_killed_and_resumed_ends_with_the_uninterrupted_weights(tmp_path,
-                                                                                               reward_start):
-    stream = tuple(a for a in reward_start if not a.startswith("task.data_files.validation"))
-    assert_bitwise_equal(*killed_and_resumed(tmp_path, (*stream, "task.streaming=true", "task.eval_documents=2",
-                                                        "hardware=fsdp", "hardware.num_processes=2")))
+@pytest.mark.parametrize("hardware", [pytest.param((), id="one process"), pytest.param(
+    ("hardware=fsdp", "hardware.num_processes=2"), id="two FSDP2 processes", marks=pytest.mark.multiprocess)])
+def test_killed_mid_save_and_resumed_ends_with_the_uninterrupted_weights(tmp_path, reward_start, hardware):
+    """task=sft's drill (9 AdamW steps, packed, SIGKILLed half-way through the second save, resumed from step
+    3): packed pairs, margins and the centring term end with the uninterrupted run's weights, bit for bit."""
+    more = next(a for a in reward_start if a.startswith("task.data_files.train=")).replace("train.jsonl", "more.jsonl")
+    assert_bitwise_equal(*killed_and_resumed(tmp_path, reward_start, more, *hardware))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_lora_bf16_and_gradient_checkpointing_train_and_export_the_head_whole(prefs):
+def test_lora_bf16_and_gradient_checkpointing_train_and_export_the_head_whole(prefs):  # noqa: F811
     """The adapter folder holds the ``score`` head whole (peft's SEQ_CLS keeps it trainable) and adapters that
     moved; the merged export loads with Transformers alone; ``mode=eval`` of the run measures what it measured.
     (The body is random and frozen: low-rank updates of it hardly learn the toy rule in a few steps.)"""
@@ -253,7 +218,7 @@ def test_lora_bf16_and_gradient_checkpointing_train_and_export_the_head_whole(pr
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_sweep_over_the_centring_compares_its_jobs_by_accuracy(prefs):
+def test_a_sweep_over_the_centring_compares_its_jobs_by_accuracy(prefs):  # noqa: F811
     sweep = prefs / "sweep"
     run_app("-m", *data_args(prefs), "task.center_rewards_coefficient=0.0,0.1", "trainer.max_steps=4",
             "trainer.eval_every_n_steps=4", f"hydra.sweep.dir={sweep}", cwd=prefs, check=True, timeout=300)

@@ -29,7 +29,7 @@ from torch import nn
 from app.config import ConfigError
 from app.tasks.base import StepOutput, TaskData, TaskRuntime
 from app.tasks.causal_lm.documents import hold_out
-from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
+from app.tasks.causal_lm.models import flops_per_token, load_model
 from app.tasks.dpo.config import DPOConfig, Reference
 from app.tasks.dpo.loss import answer_logps, preference_losses, segment_logps
 from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_pair_values, per_row
@@ -293,10 +293,7 @@ class DPOTask(SFTTask):
 
     def card_facts(self) -> dict[str, str]:
         cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"(preference pairs{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts = self._card_of_prompts("preference pairs", self.conversational)
         facts["trained on"] = (f"{cfg.loss_type.value} preference loss, β = {cfg.beta}, reference: "
                                f"{cfg.reference.value}")
         return facts

@@ -160,10 +160,7 @@ class RewardModelTask(DPOTask):
 
     def card_facts(self) -> dict[str, str]:
         cfg = self.cfg
-        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
-                 f"(preference pairs{', conversations' if self.conversational else ''})"}
-        if self.conversational:
-            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        facts = self._card_of_prompts("preference pairs", self.conversational)
         loss = "−log σ(r_chosen − r_rejected" + (f" − margin (column `{cfg.margin_field}`))" if cfg.margin_field else ")")
         if cfg.center_rewards_coefficient:
             loss += f" + {cfg.center_rewards_coefficient:g} · (r_chosen + r_rejected)²"

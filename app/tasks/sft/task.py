@@ -392,6 +392,16 @@ class SFTTask(CausalLMTask):
                 generation.eos_token_id = [*ids, token] if ids else token
         super().save_artifacts(model, folder)
 
+    def _card_of_prompts(self, kind: str, conversational: bool) -> dict[str, str]:
+        """The model card's base model, data (``kind``: what its rows are) and, for conversations, chat template:
+        what the tasks built on this one (dpo, grpo) say first."""
+        cfg = self.cfg
+        facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
+                 f"({kind}{', conversations' if conversational else ''})"}
+        if conversational:
+            facts["chat template"] = f"{cfg.chat_template or 'the tokenizer’s own'}, saved with the tokenizer"
+        return facts
+
     def card_facts(self) -> dict[str, str]:
         cfg = self.cfg
         data = cfg.data_files.train or cfg.dataset or ""
