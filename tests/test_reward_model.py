@@ -224,3 +224,24 @@ def test_options_are_checked():
         cfg.data_files.train = "x.jsonl"
         with pytest.raises(ConfigError, match=why):
             cfg.check()
+
+
+def test_the_windows_minimum_and_maximum_are_kept_reduced_logged_and_restored():
+    """``StepOutput.sample_minima``/``sample_maxima`` in the engine's logging window: folded micro-batch by
+    micro-batch (a micro-batch with no real sample adds nothing), logged as they are beside the means over
+    the items, and a checkpoint's per-process extremes restored on another number of processes."""
+    from app.engine.window_metrics import add_sample_extremes, add_sample_metrics, as_floats, logged, restored
+
+    class OneProcessRuntime:
+        def local_for_metrics(self, values):
+            return values
+
+    acc, sums = OneProcessRuntime(), {}
+    for low, high, accuracy in (([0.5, -1.0], [2.0, 0.25], [1.0, 0.0]), ([], [], []), ([0.0], [3.5], [1.0])):
+        add_sample_metrics(acc, sums, {"accuracy": torch.tensor(accuracy)})
+        add_sample_extremes(acc, sums, {"min_reward": torch.tensor(low)}, {"max_reward": torch.tensor(high)})
+    names = tuple(sums)
+    assert logged(names, tuple(float(v) for v in sums.values()), 3) == {
+        "train/accuracy": pytest.approx(2 / 3), "train/min_reward": -1.0, "train/max_reward": 3.5}
+    windows = [as_floats(sums), {"accuracy": 1.0, "min_reward#min": -4.0, "max_reward#max": 1.0}]
+    assert restored(windows, 0, 1) == {"accuracy": 1.5, "min_reward#min": -4.0, "max_reward#max": 3.5}

@@ -22,7 +22,7 @@ import torch
 from app.engine.run import run as run_in_process
 from tests.conftest import compose_config, run_app
 from tests.helpers.dpo_pairs import preference_rows
-from tests.helpers.metrics_rows import metrics_rows
+from tests.helpers.metrics_rows import metrics_rows, without_throughput
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
 from tests.test_dpo_app import data_args as dpo_data_args
 from tests.test_dpo_app import prefs  # noqa: F401 - the fixture: a tiny Llama, 240 pairs, 40 held out (seed 7)
@@ -62,7 +62,8 @@ def test_a_run_learns_the_preference_and_its_export_ranks_as_the_run_measured(pr
     assert best["eval/loss"] < first["eval/loss"] < 0.7
     assert best["eval/min_reward"] < best["eval/mean_reward"] < best["eval/max_reward"]
     trained = [r for r in rows if "train/loss" in r]
-    assert {"train/accuracy", "train/margin", "train/mean_reward"} <= set(trained[-1])
+    assert {f"train/{name}" for name in ("accuracy", "margin", "mean_reward", "min_reward", "max_reward")} <= set(
+        trained[-1])
     assert trained[-1]["train/accuracy"] > max(0.8, trained[0]["train/accuracy"])
     log = (run / "app.log").read_text()
     assert "has no padding token: <|pad|> (id 582) pads instead" in log
@@ -157,9 +158,34 @@ def one_step_updates(tmp_path: Path, args: tuple[str, ...],
 @pytest.mark.timeout(300)
 def test_one_sgd_step_is_the_same_at_batch_8_at_2_x_4_and_on_2_processes(tmp_path, reward_start):
     """Each pair is one item of the step's mean (its margin and centring term with it), and padding changes
-    no score: batch 2 with 4 accumulation steps and batch 4 on each of 2 processes make batch 8's update."""
-    assert_same_updates(one_step_updates(tmp_path, reward_start, {
-        "batch 8": (8, 1, 1, "cpu"), "batch 2 x 4": (2, 4, 1, "cpu"), "batch 4 x 2 processes": (4, 1, 2, "multi_cpu")}))
+    no score: batch 2 with 4 accumulation steps and batch 4 on each of 2 processes make batch 8's update, and
+    log its TRL metrics (the means over the step's pairs; the minimum and maximum over its scores)."""
+    splits = {"batch 8": (8, 1, 1, "cpu"), "batch 2 x 4": (2, 4, 1, "cpu"),
+              "batch 4 x 2 processes": (4, 1, 2, "multi_cpu")}
+    assert_same_updates(one_step_updates(tmp_path, reward_start, splits))
+    logged = {name: next(r for r in without_throughput(metrics_rows(tmp_path / name.replace(" ", "_")))
+                         if "train/loss" in r) for name in splits}
+    reference = logged["batch 8"]
+    assert reference["train/min_reward"] < reference["train/mean_reward"] < reference["train/max_reward"]
+    assert 0 < reference["train/accuracy"] < 1 and reference["train/margin"] != 0
+    for name, row in logged.items():
+        assert set(row) == set(reference) and row == pytest.approx(reference, rel=1e-5, abs=1e-6), name
+
+
+def test_a_run_resumed_mid_window_logs_the_uninterrupted_runs_rows(tmp_path, reward_start):
+    """Stopped at step 3 of a logging window of two steps and resumed to step 4: the checkpoint held the window's
+    partial sums and extremes, so the rows after it are the uninterrupted run's, train/min_reward included."""
+    args = (*reward_start, "optim.lr=3e-3", "scheduler=constant", "trainer.batch_size=2", "trainer.log_every_n_steps=2",
+            "checkpoint.every_n_steps=3", "trainer.eval_every_n_steps=4")
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run_in_process(compose_config(*args, "trainer.max_steps=4", f"hydra.run.dir={whole}"), whole)
+    run_in_process(compose_config(*args, "trainer.max_steps=3", f"hydra.run.dir={stopped}"), stopped)
+    run_in_process(compose_config(*args, "trainer.max_steps=4", f"resume={stopped}", f"hydra.run.dir={stopped}"),
+                   stopped)
+    rows = without_throughput(metrics_rows(whole))
+    assert [r["step"] for r in rows if "train/min_reward" in r] == [2, 4]
+    resumed = without_throughput(metrics_rows(stopped))
+    assert [r for r in resumed if not (r["step"] == 3 and "train/loss" in r)] == rows
 
 
 @pytest.mark.slow

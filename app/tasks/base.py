@@ -91,6 +91,12 @@ class StepOutput:
     The engine sums them over the logging window on the device (detached) and logs ``train/<name>``,
     the window's sum over its items: the same mean as ``train/loss`` (``app/engine/window_metrics.py``).
     Training only: evaluation does not read them. Needs ``sample_losses``."""
+    sample_minima: dict[str, torch.Tensor] | None = None
+    """The task's training metrics that are a minimum, not a mean (TRL's reward model's ``min_reward``): by
+    name, each sample's smallest value (1-d, on the batch's device); ``train/<name>`` is the smallest over the
+    logging window's samples, on every process. Like ``sample_metrics`` otherwise. Needs ``sample_losses``."""
+    sample_maxima: dict[str, torch.Tensor] | None = None
+    """The same for a maximum (``max_reward``)."""
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.sample_losses is None):
@@ -100,6 +106,9 @@ class StepOutput:
         if self.sample_metrics is not None and self.sample_losses is None:
             raise ValueError("StepOutput(sample_metrics=...) needs sample_losses: the metrics are averaged over "
                              "the same items as the loss.")
+        if (self.sample_minima is not None or self.sample_maxima is not None) and self.sample_losses is None:
+            raise ValueError("StepOutput(sample_minima=..., sample_maxima=...) needs sample_losses: they are over "
+                             "the same samples as the loss.")
 
     def mean_loss(self) -> torch.Tensor:
         """This batch's loss per item (0-d): what a one-batch step trains on, in either form."""

@@ -133,8 +133,10 @@ class RewardModelTask(DPOTask):
         if "pair_row" in batch:
             return StepOutput(sample_losses=per_row(losses, batch), sample_items=per_row(pairs, batch),
                               sample_metrics={name: per_row(values, batch) for name, values in metrics.items()},
+                              sample_minima={"min_reward": low}, sample_maxima={"max_reward": high},
                               logits=evaluated, labels=per_row(pairs, batch))
-        return StepOutput(sample_losses=losses, sample_items=1, sample_metrics=metrics, logits=evaluated, labels=pairs)
+        return StepOutput(sample_losses=losses, sample_items=1, sample_metrics=metrics, sample_minima={"min_reward": low},
+                          sample_maxima={"max_reward": high}, logits=evaluated, labels=pairs)
 
     def compute_metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
         """The evaluation set's metrics from its gathered rows (:data:`EVALUATED`; ``labels``: each row's pairs)."""
