@@ -125,10 +125,10 @@ def test_a_trl_name_typed_as_a_key_gets_ours_and_the_chosen_tasks_keys_hint():
 def test_a_key_of_another_task_or_group_says_where_it_is():
     assert refusals(["task=sft", "task.chosen_field=better"], ["task=glue_mrpc", "max_length=64"],
                     ["task=digits", "max_length=64"]) == [
-        ("unknown configuration key task.chosen_field: it is a key of task=dpo and task=kto, not of task=sft; python "
-         "-m app task=sft --cfg job lists the keys."),
+        ("unknown configuration key task.chosen_field: it is a key of task=dpo, task=kto and task=reward_model, not "
+         "of task=sft; python -m app task=sft --cfg job lists the keys."),
         ("unknown configuration key max_length; did you mean task.max_length? python -m app task=glue_mrpc --cfg job "
          "lists the keys."),
         ("unknown configuration key max_length: TRL's max_length is task.block_size here (task=causal_lm, task=sft, "
-         "task=dpo, task=kto and task=grpo; docs/coming-from-trl.md); python -m app task=digits --cfg job lists the "
-         "keys.")]
+         "task=dpo, task=kto, task=grpo and task=reward_model; docs/coming-from-trl.md); python -m app task=digits "
+         "--cfg job lists the keys.")]
