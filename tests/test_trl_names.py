@@ -1,8 +1,8 @@
-"""Coming from TRL: every option of TRL 1.16's ``SFTConfig``, ``DPOConfig`` and ``GRPOConfig`` (and so of
-Transformers' ``TrainingArguments``) has its answer in ``app/cli/trl_names.py``, each key it names is a
-real key or option, docs/coming-from-trl.md gives the same answers, and a TRL name typed as a key is
-refused with our key in the sentence, the keys hint naming the chosen task (``python -m app task=sft
---cfg job``), not the default one."""
+"""Coming from TRL: every option of TRL 1.16's ``SFTConfig``, ``DPOConfig``, ``GRPOConfig`` and
+``RewardConfig`` (and so of Transformers' ``TrainingArguments``) has its answer in ``app/cli/trl_names.py``,
+each key it names is a real key or option, docs/coming-from-trl.md gives the same answers, and a TRL name
+typed as a key is refused with our key in the sentence, the keys hint naming the chosen task (``python -m
+app task=sft --cfg job``), not the default one."""
 
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ def page_sections() -> dict[str, dict[str, str]]:
     return sections
 
 
-def test_the_table_answers_every_option_of_trls_three_configs():
-    names = set(fields(trl.SFTConfig)) | set(fields(trl.DPOConfig)) | set(fields(trl.GRPOConfig))
+CONFIGS = (trl.SFTConfig, trl.DPOConfig, trl.GRPOConfig, trl.RewardConfig)
+"""TRL's configs the table and the page answer for, in the page's order."""
+
+
+def test_the_table_answers_every_option_of_trls_configs():
+    names = set().union(*(fields(cls) for cls in CONFIGS))
     assert names - set(TRL_NAMES) == set()
     assert set(fields(transformers.TrainingArguments)) <= names
 
@@ -83,7 +87,7 @@ def test_the_page_gives_the_tables_answers_for_every_option():
     sections = page_sections()
     training_arguments = fields(transformers.TrainingArguments)
     assert list(sections["TrainingArguments"]) == training_arguments
-    for cls in (trl.SFTConfig, trl.DPOConfig, trl.GRPOConfig):
+    for cls in CONFIGS:
         assert list(sections[cls.__name__]) == [n for n in fields(cls) if n not in training_arguments], cls.__name__
     for section, rows in sections.items():
         for name, answer in rows.items():
