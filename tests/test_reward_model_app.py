@@ -6,7 +6,8 @@ loaded with Transformers alone, ranks the held-out pairs as the run's metric say
 batch 8, at 2 × accumulation 4 and on 2 processes (a pair is one item of the loss, with margins and the
 centring term). A run SIGKILLed half-way through a save and resumed ends with the uninterrupted run's
 weights, bit for bit. LoRA (the ``score`` head saved whole with the adapter), bf16 and gradient
-checkpointing train and export together; a sweep compares its jobs by ``eval/accuracy``.
+checkpointing train and export together; a sweep compares its jobs by ``eval/accuracy``. An export trained
+on a toy rule is ``task=grpo``'s reward (``{reward_model: <folder>}``), and the policy's reward rises.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from tests.helpers.metrics_rows import metrics_rows, without_throughput
 from tests.helpers.tiny_chat import make_tiny_chat_llama, write_jsonl
 from tests.test_dpo_app import data_args as dpo_data_args
 from tests.test_dpo_app import prefs  # noqa: F401 - the fixture: a tiny Llama, 240 pairs, 40 held out (seed 7)
+from tests.test_grpo_app import REWARDS as GRPO_REWARDS
+from tests.test_grpo_app import prompts  # noqa: F401 - the fixture: task=grpo's tiny Llama and 120 + 8 questions
 from tests.test_loss_normalisation import ONE_SGD_STEP, assert_same_updates, weights
 from tests.test_sft_engine import QUIET, assert_bitwise_equal, killed_and_resumed
 
@@ -253,3 +256,71 @@ def test_a_sweep_over_the_centring_compares_its_jobs_by_accuracy(prefs):  # noqa
     assert ("**Not comparable:** eval/loss does not compare across task.center_rewards_coefficient (its value changes "
             "eval/loss's scale), so the best by it is not the best model; rank by one that does: "
             "early_stopping.monitor=eval/accuracy (docs/reward_model.md).") in (sweep / "sweep.md").read_text()
+
+
+# -- the export as task=grpo's reward -------------------------------------------------------------------------
+
+
+def the_rows(n: int, seed: int) -> list[dict]:
+    """Pairs of two answers of the toy grammar's words to one question, the one with the larger share of
+    "the" chosen (``tests.helpers.grpo_rewards.word_share``'s rule, which the reward model is to learn)."""
+    import random
+
+    from tests.helpers.grpo_rewards import WORD, word_share
+    from tests.helpers.tiny_chat import exchange
+
+    rng = random.Random(seed)
+    words = sorted({w for _ in range(50) for w in " ".join(exchange(rng)).split() if w != WORD})
+
+    def answer() -> str:
+        share = rng.random()
+        return " ".join(WORD if rng.random() < share else rng.choice(words) for _ in range(rng.randint(1, 8)))
+
+    rows: list[dict] = []
+    while len(rows) < n:
+        question, _ = exchange(rng)
+        a, b = answer(), answer()
+        share_a, share_b = word_share([a, b])
+        if abs(share_a - share_b) >= 0.2:
+            good, bad = (a, b) if share_a > share_b else (b, a)
+            rows.append({"prompt": [{"role": "user", "content": question}],
+                         "chosen": [{"role": "assistant", "content": good}],
+                         "rejected": [{"role": "assistant", "content": bad}]})
+    return rows
+
+
+def test_grpo_learns_from_a_reward_model_this_task_exported(tmp_path, prompts):  # noqa: F811
+    """The issue's last "must show": a reward model trained here on a toy rule (prefer the answer with more
+    "the" in it) is ``task=grpo``'s reward as ``{reward_model: <export>}``, scored by the one scorer
+    (``scorer.RewardScorer``) and logged as ``train/rewards/judge/mean``, and the policy's reward rises (the
+    rule's own measure, ``word_share`` at weight 0, with it)."""
+    base = make_tiny_chat_llama(tmp_path / "base", hidden=32, layers=1)
+    write_jsonl(tmp_path / "pairs.jsonl", the_rows(320, seed=0))
+    write_jsonl(tmp_path / "pairs_val.jsonl", the_rows(40, seed=1))
+    judge = tmp_path / "judge"
+    run_in_process(compose_config(
+        "task=reward_model", f"task.config={base}", f"task.data_files.train={tmp_path / 'pairs.jsonl'}",
+        f"task.data_files.validation={tmp_path / 'pairs_val.jsonl'}", "task.block_size=64",
+        f"task.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=16", "trainer.max_epochs=3", "optim.lr=3e-3",
+        "trainer.eval_every_n_steps=20", *QUIET, f"hydra.run.dir={judge}"), judge)
+    accuracy = [r["eval/accuracy"] for r in metrics_rows(judge) if "eval/accuracy" in r]
+    print("reward model eval/accuracy:", accuracy)  # for the record (pytest -s)
+    assert max(accuracy) >= 0.9
+
+    run = tmp_path / "grpo"
+    run_in_process(compose_config(
+        *prompts, f"task.rewards=[{{reward_model: {judge / 'model'}, name: judge}}, "
+        f"{{_target_: {GRPO_REWARDS}.word_share, weight: 0.0}}]", "task.num_generations=8",
+        "task.max_completion_length=8", "trainer.batch_size=4", "trainer.max_steps=60", "trainer.max_epochs=-1",
+        "trainer.log_every_n_steps=5", "trainer.eval_every_n_steps=60", "optim.lr=1e-2", "scheduler=constant",
+        f"hydra.run.dir={run}"), run)
+    trained = [r for r in metrics_rows(run) if "train/rewards/judge/mean" in r]
+    judged = [round(r["train/rewards/judge/mean"], 3) for r in trained]
+    shares = [round(r["train/rewards/word_share/mean"], 3) for r in trained]
+    print("grpo train/rewards/judge/mean:", judged, "word_share:", shares)
+    assert len(trained) == 12
+    assert [r["train/reward"] for r in trained] == pytest.approx([r["train/rewards/judge/mean"] for r in trained])
+    assert judged[-1] > judged[0] + 1
+    assert shares[0] < 0.05 and max(shares[-3:]) > 0.1  # the rule the reward model learnt: more "the"
+    evaluated = [r for r in metrics_rows(run) if "eval/reward" in r]
+    assert [r["step"] for r in evaluated] == [60] and "eval/rewards/judge/mean" in evaluated[0]
