@@ -33,15 +33,7 @@ from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
-from app.engine.window_metrics import (
-    MetricSums,
-    add_sample_extremes,
-    add_sample_metrics,
-    as_floats,
-    logged,
-    on_device,
-    reduced,
-)
+from app.engine.window_metrics import MetricSums, add_step_metrics, as_floats, logged, on_device, reduced
 from app.interrupts import StopSignals, signal_name
 from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples, samples_in
 
@@ -310,8 +302,7 @@ def train(run: Training) -> None:
                 # device the sums are then part of the step's graph, which a log step reads a step later.
                 state.loss_sum += loss.detach()
                 state.loss_items += 1 if items is None else items
-                add_sample_metrics(acc, state.metric_sums, out.sample_metrics, out.sample_metric_items)
-                add_sample_extremes(acc, state.metric_sums, out.sample_minima, out.sample_maxima)
+                add_step_metrics(acc, state.metric_sums, out)
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from app.tasks.base import DerivesTrainingMetrics
+from app.tasks.base import DerivesTrainingMetrics, StepOutput
 
 PREFIX = "train/"
 
@@ -80,6 +80,13 @@ def reduced(acc: Any, loss_sum: torch.Tensor, loss_items: torch.Tensor, sums: di
         peaks = acc.reduce(signed, reduction="max").unbind()
         out.update({name: -peak if name.endswith(MIN) else peak for name, peak in zip(extremes, peaks, strict=True)})
     return [totals[0], totals[1], *(out[name] for name in sums)]
+
+
+def add_step_metrics(acc: Any, sums: MetricSums, out: StepOutput) -> None:
+    """A trained micro-batch's own metrics into the window's: the sums of its means (with the counts of those
+    that have their own) and its running extremes."""
+    add_sample_metrics(acc, sums, out.sample_metrics, out.sample_metric_items)
+    add_sample_extremes(acc, sums, out.sample_minima, out.sample_maxima)
 
 
 def on_device(sums: MetricSums, device: torch.device) -> dict[str, torch.Tensor]:
