@@ -1,8 +1,8 @@
-"""Coming from TRL: every option of TRL 1.16's ``SFTConfig``, ``DPOConfig`` and ``GRPOConfig`` (and so of
-Transformers' ``TrainingArguments``) has its answer in ``app/cli/trl_names.py``, each key it names is a
-real key or option, docs/coming-from-trl.md gives the same answers, and a TRL name typed as a key is
-refused with our key in the sentence, the keys hint naming the chosen task (``python -m app task=sft
---cfg job``), not the default one."""
+"""Coming from TRL: every option of TRL 1.16's ``SFTConfig``, ``DPOConfig``, ``GRPOConfig`` and
+``RewardConfig`` (and so of Transformers' ``TrainingArguments``) has its answer in ``app/cli/trl_names.py``,
+each key it names is a real key or option, docs/coming-from-trl.md gives the same answers, and a TRL name
+typed as a key is refused with our key in the sentence, the keys hint naming the chosen task (``python -m
+app task=sft --cfg job``), not the default one."""
 
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ def page_sections() -> dict[str, dict[str, str]]:
     return sections
 
 
-def test_the_table_answers_every_option_of_trls_three_configs():
-    names = set(fields(trl.SFTConfig)) | set(fields(trl.DPOConfig)) | set(fields(trl.GRPOConfig))
+CONFIGS = (trl.SFTConfig, trl.DPOConfig, trl.GRPOConfig, trl.RewardConfig)
+"""TRL's configs the table and the page answer for, in the page's order."""
+
+
+def test_the_table_answers_every_option_of_trls_configs():
+    names = set().union(*(fields(cls) for cls in CONFIGS))
     assert names - set(TRL_NAMES) == set()
     assert set(fields(transformers.TrainingArguments)) <= names
 
@@ -83,7 +87,7 @@ def test_the_page_gives_the_tables_answers_for_every_option():
     sections = page_sections()
     training_arguments = fields(transformers.TrainingArguments)
     assert list(sections["TrainingArguments"]) == training_arguments
-    for cls in (trl.SFTConfig, trl.DPOConfig, trl.GRPOConfig):
+    for cls in CONFIGS:
         assert list(sections[cls.__name__]) == [n for n in fields(cls) if n not in training_arguments], cls.__name__
     for section, rows in sections.items():
         for name, answer in rows.items():
@@ -125,10 +129,10 @@ def test_a_trl_name_typed_as_a_key_gets_ours_and_the_chosen_tasks_keys_hint():
 def test_a_key_of_another_task_or_group_says_where_it_is():
     assert refusals(["task=sft", "task.chosen_field=better"], ["task=glue_mrpc", "max_length=64"],
                     ["task=digits", "max_length=64"]) == [
-        ("unknown configuration key task.chosen_field: it is a key of task=dpo and task=kto, not of task=sft; python "
-         "-m app task=sft --cfg job lists the keys."),
+        ("unknown configuration key task.chosen_field: it is a key of task=dpo, task=kto and task=reward_model, not "
+         "of task=sft; python -m app task=sft --cfg job lists the keys."),
         ("unknown configuration key max_length; did you mean task.max_length? python -m app task=glue_mrpc --cfg job "
          "lists the keys."),
         ("unknown configuration key max_length: TRL's max_length is task.block_size here (task=causal_lm, task=sft, "
-         "task=dpo, task=kto and task=grpo; docs/coming-from-trl.md); python -m app task=digits --cfg job lists the "
-         "keys.")]
+         "task=dpo, task=kto, task=grpo and task=reward_model; docs/coming-from-trl.md); python -m app task=digits "
+         "--cfg job lists the keys.")]

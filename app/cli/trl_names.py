@@ -3,9 +3,9 @@ is one of them gets in its sentence (``learning_rate`` -> ``optim.lr``), instead
 from spelling alone (``per_device_train_batch_size`` is not ``eval_batch_size``). Torch-free.
 
 The table covers every option of ``TrainingArguments`` (transformers 5) and of TRL 1.16's ``SFTConfig``,
-``DPOConfig`` and ``GRPOConfig`` (tests/test_trl_names.py reads them), plus a few older names users still
-type (``max_seq_length``, ``evaluation_strategy``, ``warmup_ratio``); docs/coming-from-trl.md gives the
-same answers with a word on each.
+``DPOConfig``, ``GRPOConfig`` and ``RewardConfig`` (tests/test_trl_names.py reads them), plus a few older
+names users still type (``max_seq_length``, ``evaluation_strategy``, ``warmup_ratio``);
+docs/coming-from-trl.md gives the same answers with a word on each.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ _TRAINING_ARGUMENTS: dict[str, Counterpart] = {
     "use_cache": _instead("generation uses the cache; training does not"),
 }
 
-# Shared by TRL's trainers (SFTConfig, DPOConfig, GRPOConfig).
+# Shared by TRL's trainers (SFTConfig, DPOConfig, GRPOConfig, RewardConfig).
 _TRL_COMMON: dict[str, Counterpart] = {
     "model_init_kwargs": _ours("task.attn_implementation", "the weights load in float32; precision= autocasts"),
     "trust_remote_code": NOT_YET,
@@ -251,6 +251,11 @@ _GRPO_NOT_YET = (
     "use_transformers_paged",
 )
 
+_REWARD: dict[str, Counterpart] = {
+    "center_rewards_coefficient": _ours("task.center_rewards_coefficient"),
+}
+"""RewardConfig's own option (task=reward_model's); its others are shared ones above."""
+
 TRL_NAMES: dict[str, Counterpart] = {**_TRAINING_ARGUMENTS, **_TRL_COMMON, **_SFT, **_DPO, **_GRPO,
-                                     **dict.fromkeys(_GRPO_NOT_YET, NOT_YET)}
-"""Every option name of TrainingArguments and TRL's SFT, DPO and GRPO configs, with ours."""
+                                     **dict.fromkeys(_GRPO_NOT_YET, NOT_YET), **_REWARD}
+"""Every option name of TrainingArguments and TRL's SFT, DPO, GRPO and reward model configs, with ours."""

@@ -33,7 +33,7 @@ from app.engine.threads import ThreadChoice
 from app.engine.throughput import Throughput
 from app.engine.triggers import EarlyStopping
 from app.engine.weight_average import WeightAverage
-from app.engine.window_metrics import MetricSums, add_sample_metrics, as_floats, logged, on_device
+from app.engine.window_metrics import MetricSums, add_step_metrics, as_floats, logged, on_device, reduced
 from app.interrupts import StopSignals, signal_name
 from app.tasks.base import StepOutput, SummedMetrics, Task, WritesSamples, samples_in
 
@@ -302,7 +302,7 @@ def train(run: Training) -> None:
                 # device the sums are then part of the step's graph, which a log step reads a step later.
                 state.loss_sum += loss.detach()
                 state.loss_items += 1 if items is None else items
-                add_sample_metrics(acc, state.metric_sums, out.sample_metrics, out.sample_metric_items)
+                add_step_metrics(acc, state.metric_sums, out)
                 if sync and max_grad_norm is not None:
                     acc.clip_grad_norm_(parameters, max_grad_norm)
                 optimizer.step()
@@ -478,7 +478,7 @@ class Training:
         # tensor op and call costs several times its warm price.
         metric_sums = on_device(state.metric_sums, acc.device)  # there already: for the type checker
         names, window_sums = tuple(metric_sums), (loss_sum, loss_items, *metric_sums.values())
-        sums = acc.reduce(torch.stack(window_sums)).unbind() if self.several_processes else window_sums
+        sums = reduced(acc, loss_sum, loss_items, metric_sums) if self.several_processes else window_sums
         tokens = self.throughput.take_tokens()
         reading = acc.read_async(*sums) if tokens is None else acc.read_async(*sums, tokens)
         window = LogWindow(step, reading, state.loss_batches - self.window_first_batch,

@@ -12,16 +12,20 @@ in the logging window, beside the training loss, and kept like it:
   run resumed mid-window logs what the uninterrupted run logs.
 
 The sums are a dict by name, in the order the task gives them: every process runs the same task, so
-every process stacks them in the same order.
+every process stacks them in the same order. A metric that is a minimum or a maximum over the window's
+samples (``StepOutput.sample_minima`` / ``sample_maxima``: task=reward_model's ``min_reward``) is kept in
+the same dict as ``<name>#min`` / ``<name>#max``, the running extreme instead of a sum, reduced across
+processes with one more collective (a maximum; a minimum as the maximum of its negation) and logged as it is.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from app.tasks.base import DerivesTrainingMetrics
+from app.tasks.base import DerivesTrainingMetrics, StepOutput
 
 PREFIX = "train/"
 
@@ -46,6 +50,45 @@ def add_sample_metrics(acc: Any, sums: MetricSums, metrics: dict[str, torch.Tens
         sums[name] = sums[name] + total if name in sums else total
 
 
+MIN, MAX = "#min", "#max"
+"""The suffixes of a window's running minimum and maximum in its sums."""
+
+
+def add_sample_extremes(acc: Any, sums: MetricSums, minima: dict[str, torch.Tensor] | None,
+                        maxima: dict[str, torch.Tensor] | None) -> None:
+    """Fold a micro-batch's per-sample minima and maxima (this process's real samples) into the window's running
+    ones, on the device; a micro-batch with no real sample on this process adds the neutral ±inf, so that every
+    process holds the same names."""
+    for suffix, by_name, extreme, keep in ((MIN, minima, torch.amin, torch.minimum),
+                                           (MAX, maxima, torch.amax, torch.maximum)):
+        for name, values in acc.local_for_metrics(by_name or {}).items():
+            values = values.detach().float()
+            value = extreme(values) if values.numel() else values.new_tensor(torch.inf if suffix == MIN else -torch.inf)
+            key = name + suffix
+            sums[key] = keep(torch.as_tensor(sums[key]), value) if key in sums else value
+
+
+def reduced(acc: Any, loss_sum: torch.Tensor, loss_items: torch.Tensor, sums: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The window's loss, items and metric sums (in ``sums``' order) reduced across the processes: the sums in one
+    collective with the loss's, the extremes (if any) in one more."""
+    extremes = [name for name in sums if name.endswith((MIN, MAX))]
+    summed = [name for name in sums if name not in extremes]
+    totals = acc.reduce(torch.stack([loss_sum, loss_items, *(sums[name] for name in summed)])).unbind()
+    out = dict(zip(summed, totals[2:], strict=True))
+    if extremes:
+        signed = torch.stack([-sums[name] if name.endswith(MIN) else sums[name] for name in extremes])
+        peaks = acc.reduce(signed, reduction="max").unbind()
+        out.update({name: -peak if name.endswith(MIN) else peak for name, peak in zip(extremes, peaks, strict=True)})
+    return [totals[0], totals[1], *(out[name] for name in sums)]
+
+
+def add_step_metrics(acc: Any, sums: MetricSums, out: StepOutput) -> None:
+    """A trained micro-batch's own metrics into the window's: the sums of its means (with the counts of those
+    that have their own) and its running extremes."""
+    add_sample_metrics(acc, sums, out.sample_metrics, out.sample_metric_items)
+    add_sample_extremes(acc, sums, out.sample_minima, out.sample_maxima)
+
+
 def on_device(sums: MetricSums, device: torch.device) -> dict[str, torch.Tensor]:
     """A checkpoint's sums (floats) as running sums on the device; sums already there are kept (no op)."""
     return {name: value if isinstance(value, torch.Tensor) else torch.tensor(float(value), device=device)
@@ -60,11 +103,15 @@ def as_floats(sums: MetricSums) -> dict[str, float]:
 def logged(names: tuple[str, ...], values: tuple[float, ...], items: float, task: Any = None) -> dict[str, float]:
     """The window's ``train/<name>`` values from its reduced sums (``values``, in ``names`` order) over
     the items its loss sums (no items, every label masked: 0/1, as for the loss), or over the metric's
-    own count (``<name>#items``; none in the window: not logged). A task that derives its metrics from
-    the sums itself (``DerivesTrainingMetrics``: a difference of two means) gives them instead."""
+    own count (``<name>#items``; none in the window: not logged); a running extreme (``<name>#min`` /
+    ``#max``) as it is. A task that derives its metrics from the sums itself (``DerivesTrainingMetrics``:
+    a difference of two means) gives them instead of the means."""
     sums = dict(zip(names, values, strict=True))
+    extremes = {PREFIX + name.removesuffix(MIN).removesuffix(MAX): value for name, value in sums.items()
+                if name.endswith((MIN, MAX))}
+    sums = {name: value for name, value in sums.items() if not name.endswith((MIN, MAX))}
     if isinstance(task, DerivesTrainingMetrics):
-        return {PREFIX + name: value for name, value in task.training_metrics(sums, items).items()}
+        return {**{PREFIX + name: value for name, value in task.training_metrics(sums, items).items()}, **extremes}
     out = {}
     for name, value in sums.items():
         if name.endswith(ITEMS):
@@ -74,7 +121,7 @@ def logged(names: tuple[str, ...], values: tuple[float, ...], items: float, task
             out[PREFIX + name] = value / max(items, 1)
         elif count > 0:
             out[PREFIX + name] = value / count
-    return out
+    return {**out, **extremes}
 
 
 def restored(windows: list[dict[str, float]], rank: int, world_size: int) -> MetricSums | None:
@@ -86,4 +133,6 @@ def restored(windows: list[dict[str, float]], rank: int, world_size: int) -> Met
     if not windows:
         return None
     names = list(windows[0])
-    return {name: sum(w.get(name, 0.0) for w in windows) / len(windows) for name in names}
+    return {name: min(w.get(name, math.inf) for w in windows) if name.endswith(MIN) else
+            max(w.get(name, -math.inf) for w in windows) if name.endswith(MAX) else
+            sum(w.get(name, 0.0) for w in windows) / len(windows) for name in names}

@@ -17,6 +17,9 @@
 - ``kto/``: ``task=kto``, KTO on answers marked good or bad (built on ``dpo``'s parts).
 - ``grpo/``: ``task=grpo``, online reinforcement learning from reward functions: completions generated in
   the loop, group-relative advantages, GRPO's clipped objective (built on ``sft`` and ``dpo``'s reference).
+- ``reward_model/``: ``task=reward_model``, a one-label sequence classifier on a causal LM trained on
+  chosen/rejected pairs (Bradley-Terry), and the scorer that reads its export (built on ``dpo``'s pairs;
+  ``grpo``'s ``{reward_model: <folder>}`` rewards score with it).
 - ``external``: a task from the user's own package, named by ``_target_`` in a task YAML.
 
 The schemas import nothing heavy, so composing and validating a config stays fast; each task class
@@ -34,6 +37,7 @@ from app.tasks.dpo.config import DPOConfig
 from app.tasks.external import external_task_class
 from app.tasks.grpo.config import GRPOConfig
 from app.tasks.kto.config import KTOConfig
+from app.tasks.reward_model.config import RewardModelConfig
 from app.tasks.sft.config import SFTConfig
 from app.tasks.text.config import TextClassificationConfig
 
@@ -48,6 +52,7 @@ TASK_SCHEMAS: dict[str, type[TaskConfig]] = {
     "dpo": DPOConfig,
     "kto": KTOConfig,
     "grpo": GRPOConfig,
+    "reward_model": RewardModelConfig,
 }
 """The schemas of our tasks, stored as ``task/<name>_schema`` (the GLUE presets use text_classification's)."""
 
@@ -65,6 +70,10 @@ def build_task(cfg: TaskConfig) -> Task:
         from app.tasks.kto.task import KTOTask
 
         return KTOTask(cfg)
+    if isinstance(cfg, RewardModelConfig):  # before sft: its schema extends sft's
+        from app.tasks.reward_model.task import RewardModelTask
+
+        return RewardModelTask(cfg)
     if isinstance(cfg, DPOConfig):  # before sft: its schema extends sft's
         from app.tasks.dpo.task import DPOTask
 
@@ -87,5 +96,5 @@ def build_task(cfg: TaskConfig) -> Task:
     raise TypeError(f"no task is registered for config {type(cfg).__name__}")
 
 
-__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "GRPOConfig", "KTOConfig", "SFTConfig",
-           "TextClassificationConfig", "build_task"]
+__all__ = ["TASK_SCHEMAS", "CausalLMConfig", "DPOConfig", "DigitsConfig", "GRPOConfig", "KTOConfig",
+           "RewardModelConfig", "SFTConfig", "TextClassificationConfig", "build_task"]

@@ -98,6 +98,12 @@ class StepOutput:
     window's sum over the window's sum of these counts (task=grpo: a per-token metric counts tokens, a
     per-completion one 1, a per-generation one 1 on one sample), left out of a window where they sum to 0.
     Every micro-batch should give the same names, so that every process sums the same ones."""
+    sample_minima: dict[str, torch.Tensor] | None = None
+    """The task's training metrics that are a minimum, not a mean (TRL's reward model's ``min_reward``): by
+    name, each sample's smallest value (1-d, on the batch's device); ``train/<name>`` is the smallest over the
+    logging window's samples, on every process. Like ``sample_metrics`` otherwise. Needs ``sample_losses``."""
+    sample_maxima: dict[str, torch.Tensor] | None = None
+    """The same for a maximum (``max_reward``)."""
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.sample_losses is None):
@@ -109,6 +115,9 @@ class StepOutput:
                              "the same items as the loss.")
         if self.sample_metric_items is not None and not set(self.sample_metric_items) <= set(self.sample_metrics or {}):
             raise ValueError("StepOutput(sample_metric_items=...) names metrics that sample_metrics does not give.")
+        if (self.sample_minima is not None or self.sample_maxima is not None) and self.sample_losses is None:
+            raise ValueError("StepOutput(sample_minima=..., sample_maxima=...) needs sample_losses: they are over "
+                             "the same samples as the loss.")
 
     def mean_loss(self) -> torch.Tensor:
         """This batch's loss per item (0-d): what a one-batch step trains on, in either form."""

@@ -85,14 +85,18 @@ def build_config(cfg: CausalLMConfig) -> PretrainedConfig:
     return config
 
 
-def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_vocabulary: bool = False) -> nn.Module:
+def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_vocabulary: bool = False,
+               auto_class: Any = None, config: PretrainedConfig | None = None) -> nn.Module:
     """``AutoModelForCausalLM``: the pretrained weights, or a new model drawn from torch's random
     stream (the run's seed); in float32 (precision is the runtime's: autocast). ``grow_vocabulary``:
     a tokenizer with more tokens than the model (tokens the task added, task=sft's ChatML markers)
-    grows its embeddings (the new rows: Transformers' mean of the others) instead of being refused."""
+    grows its embeddings (the new rows: Transformers' mean of the others) instead of being refused.
+    ``auto_class``: another Transformers auto class on the same body (task=reward_model's
+    ``AutoModelForSequenceClassification``), with ``config`` (:func:`build_config`'s, changed for it)."""
     from transformers import AutoModelForCausalLM
 
-    config = build_config(cfg)
+    auto_class = auto_class or AutoModelForCausalLM
+    config = build_config(cfg) if config is None else config
     grow = grow_vocabulary and len(tokenizer) > config.vocab_size
     if grow:
         log.info("the model's vocabulary grows from %d to the tokenizer's %d tokens", config.vocab_size, len(tokenizer))
@@ -105,11 +109,11 @@ def load_model(cfg: CausalLMConfig, tokenizer: PreTrainedTokenizerBase, grow_voc
     tokens_of_the_tokenizer(config, tokenizer, new_model=cfg.model is None)
     attention = {"attn_implementation": cfg.attn_implementation} if cfg.attn_implementation else {}
     if cfg.model is None:
-        return attention_checked(lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attention), cfg)
+        return attention_checked(lambda: auto_class.from_config(config, dtype=torch.float32, **attention), cfg)
     source = cfg.model
     try:
         with hub_access(source):
-            model: Any = attention_checked(lambda: AutoModelForCausalLM.from_pretrained(
+            model: Any = attention_checked(lambda: auto_class.from_pretrained(
                 source, config=config, dtype=torch.float32, **attention), cfg)
     except ConfigError:
         raise

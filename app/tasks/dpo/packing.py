@@ -7,7 +7,8 @@ decreasing of their two sides' total length; a row's capacity is twice ``task.bl
 pair fits (each side is at most the block). A batch numbers its pairs 0..P-1 and gives every token a
 ``segment``: ``j`` for pair j's chosen side, ``P + j`` for its rejected side, ``2P`` for padding, so the
 summed answer log-probabilities come out in the unpacked batch's order (chosen sides, then rejected
-sides), and ``pair_row`` says which row holds each pair (the engine's samples are rows).
+sides), and ``pair_row`` says which row holds each pair (the engine's samples are rows). A pair's other
+values (its number ``pair``, a reward model's ``margin``) come as one tensor each, in the same order.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class PackedPairs(Dataset):
     """Rows of whole pairs (``bins`` of indices into ``pairs``); a row is the list of its pairs."""
 
     def __init__(self, pairs: datasets.Dataset, block_size: int):
-        self.pairs = pairs.select_columns(["chosen_ids", "chosen_labels", "rejected_ids", "rejected_labels", "pair"])
+        self.pairs = pairs  # its sides' tokens and each pair's other values (per_item_values)
         lengths = [len(c) + len(r) for c, r in zip(pairs["chosen_ids"], pairs["rejected_ids"], strict=True)]
         self.capacity = 2 * block_size
         self.bins = best_fit_decreasing(lengths, self.capacity)
@@ -49,11 +50,12 @@ class PackedPairs(Dataset):
 
 class PackedPairCollator:
     """Rows of pairs into a batch: ``input_ids``, ``labels`` (-100: not learnt), ``position_ids``,
-    ``segment``, ``pair`` (each pair's number, for the precomputed reference) and ``pair_row``; padded
-    on the right to the longest row, or to ``fixed_length`` (XLA). No attention mask: see the module."""
+    ``segment``, ``pair_row``, ``pair`` (each pair's number, for the precomputed reference) and its
+    ``per_item`` values (a reward model's ``margin``: :func:`per_item_values`); padded on the right to the
+    longest row, or to ``fixed_length`` (XLA). No attention mask: see the module."""
 
-    def __init__(self, pad_id: int, fixed_length: int | None = None):
-        self.pad_id, self.fixed_length = pad_id, fixed_length
+    def __init__(self, pad_id: int, fixed_length: int | None = None, per_item: tuple[str, ...] = ()):
+        self.pad_id, self.fixed_length, self.per_item = pad_id, fixed_length, ("pair", *per_item)
 
     def __call__(self, rows: list[list[dict[str, Any]]]) -> dict[str, torch.Tensor]:
         pairs = [p for row in rows for p in row]
@@ -78,8 +80,19 @@ class PackedPairCollator:
             positions[i, n:] -= n  # the padding: a sequence of its own
         return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
                 "position_ids": torch.from_numpy(positions), "segment": torch.from_numpy(segment),
-                "pair": torch.tensor([p["pair"] for p in pairs], dtype=torch.int64),
-                "pair_row": torch.tensor([i for i, row in enumerate(rows) for _ in row], dtype=torch.int64)}
+                "pair_row": torch.tensor([i for i, row in enumerate(rows) for _ in row], dtype=torch.int64),
+                **per_item_values(pairs, self.per_item)}
+
+
+def per_item_values(items: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Each of ``names`` over the items, one tensor per name in the items' order: float32 where the values are
+    floats (a reward model's ``margin``), else int64 (``pair``, task=kto's ``label``)."""
+    out = {}
+    for name in names:
+        values = [item[name] for item in items]
+        out[name] = torch.tensor(values, dtype=torch.float32 if any(isinstance(v, float) for v in values)
+                                 else torch.int64)
+    return out
 
 
 def per_row(values: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:

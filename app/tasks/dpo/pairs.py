@@ -11,11 +11,13 @@ and tokenized with character offsets (``tokens.tokenize``), then fitted into the
 prompts cut, answers cut at the block's end, or the pair dropped). A bad pair's refusal names its file
 and line (an empty answer, a chosen answer identical to the rejected one, a side longer than the block
 with ``task.overlong=refuse``): returned in an ``error`` column, as ``tokens.encode_rows`` returns a bad
-row's.
+row's. A task that reads a number per pair besides (task=reward_model's ``margin``) names its column in
+``PairFields.margin``: a row without it (or with null) has 0, one with something else than a number is bad.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -52,6 +54,9 @@ class PairFields:
     """How the split's rows are named in messages (its file, and line, row or byte)."""
     tools: str = "tools"
     """The column of function schemas given to the chat template (``task.tools_field``)."""
+    margin: str | None = None
+    """A column of one number per pair, carried with it as ``margin`` (task=reward_model's
+    ``task.margin_field``); None: nothing more is read."""
 
     @classmethod
     def of(cls, cfg: PreferenceConfig, places: Places) -> Self:
@@ -77,6 +82,17 @@ def read_pair(row: dict[str, Any], fields: PairFields) -> tuple[Conversation | P
     prompt, answers = one_kind(prompt, [chosen, rejected], names, fields.prompt)
     sides = answered(prompt, list(zip(names, answers, strict=True)), row, fields.prompt, fields.tools)
     return sides[0], sides[1]
+
+
+def margin_of(row: dict[str, Any], name: str) -> float:
+    """A row's number in column ``name``: 0 where it has none (absent or null); BadRow for anything but a
+    finite number."""
+    value = row.get(name)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BadRow(f"its {name!r} is not a finite number (it is {value!r})")
+    return float(value)
 
 
 def answered(prompt: Any, answers: list[tuple[str, Any]], row: dict[str, Any], prompt_field: str,
@@ -166,13 +182,18 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
     (-100: not learnt), fitted into the block (``fit.fit_pair``); ``prompt_cut``, ``answer_cut`` and
     ``dropped`` (1: what was done to the pair; a dropped pair's lists are empty) and ``error``: why a bad
     pair is refused, naming its place (empty for a good pair; a bad one's lists are empty), with ``place`` and
-    ``raw`` (the row as it came, for a bad one) for ``bad_rows``. Errors are returned, not raised, as
-    ``tokens.encode_rows`` returns them: raised in one of ``task.num_proc`` processes, the pool would be torn down
-    mid-work."""
+    ``raw`` (the row as it came, for a bad one) for ``bad_rows``; and ``margin`` where ``fields.margin`` names its
+    column (:func:`margin_of`; 0 for a bad pair). Errors are returned, not raised, as ``tokens.encode_rows``
+    returns them: raised in one of ``task.num_proc`` processes, the pool would be torn down mid-work."""
     rows = batch_rows(batch)
     places = [fields.places.place(row, index) for index, row in zip(indices, rows, strict=True)]
-    formatted, found = formatted_rows(rows, places, fields.places, tokenizer,
-                                      lambda record: [(side, None) for side in read_pair(record, fields)])
+
+    def read(record: dict[str, Any]) -> list[tuple[Conversation | Plain, float]]:
+        sides = read_pair(record, fields)
+        margin = margin_of(record, fields.margin) if fields.margin is not None else 0.0
+        return [(side, margin) for side in sides]
+
+    formatted, found = formatted_rows(rows, places, fields.places, tokenizer, read)
     errors = [f if isinstance(f, str) else "" for f in found]
     encoded = iter(tokenize(tokenizer, formatted))
     out: dict[str, list] = {"chosen_ids": [], "chosen_labels": [], "rejected_ids": [], "rejected_labels": [],
@@ -190,6 +211,8 @@ def encode_pairs(batch: dict[str, list], indices: list[int], tokenizer: PreTrain
         for count in COUNTS:
             out[count].append(int(getattr(fitted, count)))
         out["raw"].append(raw_text(row) if errors[k] else "")
+    if fields.margin is not None:
+        out["margin"] = [0.0 if isinstance(f, str) else float(f[0][1]) for f in found]
     return out
 
 
@@ -231,11 +254,11 @@ def one_sequence(formatted: list[Formatted]) -> Formatted:
     return formatted[0]
 
 
-def pair_features() -> datasets.Features:
-    """The columns of :func:`encode_pairs`, given to ``datasets.map`` so a batch of bad pairs (empty lists)
-    does not make it infer another type for them."""
+def pair_features(margin: bool = False) -> datasets.Features:
+    """The columns of :func:`encode_pairs` (``margin``: with its ``margin`` column), given to ``datasets.map`` so
+    a batch of bad pairs (empty lists) does not make it infer another type for them."""
     from datasets import Features, List, Value
 
     return Features({**{f"{side}_{part}": List(Value("int64")) for side in SIDES for part in ("ids", "labels")},
                      **{count: Value("int64") for count in COUNTS}, "error": Value("string"), "place": Value("int64"),
-                     "raw": Value("string")})
+                     "raw": Value("string"), **({"margin": Value("float64")} if margin else {})})

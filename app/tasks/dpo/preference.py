@@ -28,7 +28,7 @@ from app.tasks.base import TaskData, TaskRuntime
 from app.tasks.causal_lm.documents import hold_out
 from app.tasks.causal_lm.models import flops_per_token, load_model, model_source
 from app.tasks.dpo.config import PreferenceConfig, Reference
-from app.tasks.dpo.packing import PackedPairCollator, PackedPairs
+from app.tasks.dpo.packing import PackedPairCollator, PackedPairs, per_item_values
 from app.tasks.dpo.pairs import COUNTS, SIDES
 from app.tasks.dpo.reference import AdaptersDisabled, FrozenCopy, Precomputed
 from app.tasks.dpo.stream import PairStream
@@ -53,7 +53,8 @@ CACHE_VERSION = 5
 class PairCollator:
     """Items into one batch: every item's first row (``sides[0]``: ``chosen_ids``/``chosen_labels``...),
     then every item's second row (``SFTCollator``: padded on the right, -100 labels, an attention mask
-    where lengths differ), each item's number ``pair`` and its ``per_item`` values (task=kto's ``label``)."""
+    where lengths differ), each item's number ``pair`` and its ``per_item`` values (task=kto's ``label``,
+    task=reward_model's ``margin``: ``packing.per_item_values``)."""
 
     def __init__(self, pad_id: int, fixed_length: int | None = None, sides: tuple[str, str] = SIDES,
                  per_item: tuple[str, ...] = ()):
@@ -62,9 +63,7 @@ class PairCollator:
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         batch = self.rows([{"input_ids": p[f"{side}_ids"], "labels": p[f"{side}_labels"]}
                            for side in self.sides for p in items])
-        for key in self.per_item:
-            batch[key] = torch.tensor([p[key] for p in items], dtype=torch.int64)
-        return batch
+        return {**batch, **per_item_values(items, self.per_item)}
 
 
 class PreferenceTask(SFTTask):
@@ -79,7 +78,8 @@ class PreferenceTask(SFTTask):
     sides: tuple[str, str] = SIDES
     """The items' two rows, by column prefix, in the collated batch's order."""
     per_item: tuple[str, ...] = ()
-    """Further columns of an item that its batches carry (task=kto's ``label``)."""
+    """Further columns of an item that its batches carry, packed or not (task=kto's ``label``, task=reward_model's
+    ``margin``)."""
 
     def __init__(self, cfg: PreferenceConfig, reference_free: bool = False):
         super().__init__(cfg)
@@ -152,7 +152,7 @@ class PreferenceTask(SFTTask):
         stream = train if isinstance(train, PairStream) else None
         if stream is not None:
             self._check_stream(runtime, stream, self._bad_streamed(self._fields(Places(str(stream.path), "byte"))))
-        if cfg.reference_mode is Reference.precomputed and not self.reference_free:  # item by item, packed or not
+        if not self.reference_free and cfg.reference_mode is Reference.precomputed:  # item by item, packed or not
             self.reference = Precomputed(self._reference_key(key), (evaluation,) if stream else (train, evaluation),
                                          collate, cfg.reference_batch_size, runtime, stream)
             runtime.register_for_checkpointing(self.reference)
@@ -163,7 +163,8 @@ class PreferenceTask(SFTTask):
                                      f"{packed_train.capacity} tokens (2 × task.block_size), {len(evaluation):,} "
                                      f"evaluation ones into {len(packed_eval):,}")
             fixed = packed_train.capacity if runtime.static_shapes else None
-            return TaskData(train=packed_train, eval=packed_eval, collate_fn=PackedPairCollator(pad, fixed))
+            return TaskData(train=packed_train, eval=packed_eval,
+                            collate_fn=PackedPairCollator(pad, fixed, self.per_item))
         first, second = (f"{side}_ids" for side in self.sides)
         lengths = None if stream else [max(len(a), len(b)) for a, b in zip(train[first], train[second], strict=True)]
         return TaskData(train=train, eval=evaluation, collate_fn=collate, train_lengths=lengths)
@@ -303,8 +304,10 @@ class PreferenceTask(SFTTask):
 
     def after_optimizer_step(self, model: nn.Module, step: int) -> None:
         """TR-DPO: every ``task.sync_ref_every`` steps, ``ref ← α·policy + (1-α)·ref``."""
+        if not isinstance(self.reference, FrozenCopy):  # nothing to move (none, or no model of its own)
+            return
         every = self.cfg.sync_ref_every
-        if every is not None and step % every == 0 and isinstance(self.reference, FrozenCopy):
+        if every is not None and step % every == 0:
             self.reference.move_towards(model, self.cfg.sync_ref_alpha)
 
     def _check_sync(self, model: nn.Module) -> None:

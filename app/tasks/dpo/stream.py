@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from app.tasks.causal_lm.stream import LineReader, LineStream
-from app.tasks.dpo.pairs import SIDES
+from app.tasks.dpo.pairs import COUNTS
 from app.tasks.sft.records import PLACE, RECORD
 from app.tasks.sft.stream import records_read
 
-COLUMNS = tuple(f"{side}_{part}" for side in SIDES for part in ("ids", "labels"))
+BOOKKEEPING = (*COUNTS, "error", "place", "raw")
+"""The columns of ``encode_pairs`` that are not a pair's own (a reward model's ``margin`` is)."""
 
 RowsOf = Callable[[list[str], list[int]], list[dict[str, Any]]]
 """A read-ahead's records (their lines' texts) and their byte offsets -> the items they make."""
@@ -45,8 +46,8 @@ class PairStream(LineStream):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict({**state, "pending": []})
-        self._state["pending"] = [{k: ([int(x) for x in v] if isinstance(v, list) else int(v)) for k, v in row.items()}
-                                  for row in state["pending"]]
+        self._state["pending"] = [{k: ([int(x) for x in v] if isinstance(v, list) else v if isinstance(v, float)
+                                       else int(v)) for k, v in row.items()} for row in state["pending"]]
 
     def from_the_start(self) -> PairStream:
         """A second reader of this process's part, from its beginning (this one's position untouched)."""
@@ -62,5 +63,6 @@ def stream_pairs(texts: list[str], offsets: list[int], encode: Callable[..., dic
     """The records' pairs (``encode``: ``pairs.encode_pairs`` with the run's tokenizer and fields); bad ones
     (found and judged before training: ``SFTTask._check_stream``) and dropped ones left out."""
     out = encode({RECORD: texts, PLACE: offsets}, list(range(len(texts))))
-    return [{**{c: out[c][k] for c in COLUMNS}, "pair": offsets[k]} for k in range(len(texts))
+    own = [c for c in out if c not in BOOKKEEPING]  # the sides' tokens, and a reward model's margin
+    return [{**{c: out[c][k] for c in own}, "pair": offsets[k]} for k in range(len(texts))
             if not out["dropped"][k] and not out["error"][k]]

@@ -57,23 +57,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class DPOTask(PreferenceTask):
-    def __init__(self, cfg: DPOConfig):
-        super().__init__(cfg, reference_free=cfg.reference_free)
-        self.cfg: DPOConfig = cfg
-        self.objectives, self.weights = cfg.objectives(), cfg.weights()
-        self.metric_names = ("loss", *metric_names(self.objectives[0]))  # type: ignore[assignment]
-        self.nll = nll_kind(self.objectives, self._cpo_alpha)
-        """The NLL an objective reads (``answer``, ``whole``), None for none."""
-        self._step_scale: torch.Tensor | None = None
-        """The optimizer step's pairs over its NLL tokens (``begin_step``); None: the batch's own."""
+class PairTask(PreferenceTask):
+    """A task on prompt/chosen/rejected pairs through the preference tasks' pipeline: task=dpo's rows
+    (``pairs.py``), which task=reward_model reads too (with a margin per pair)."""
 
-    @property
-    def _cpo_alpha(self) -> float:
-        alpha = self.cfg.cpo_alpha
-        return alpha if alpha is not None else 1.0 if LossType.cpo in self.objectives else 0.0
-
-    # -- data: task=dpo's rows (the pipeline is PreferenceTask's) ----------------------------------------------
+    # -- data: the pairs' rows (the pipeline is PreferenceTask's) -------------------------------------------
 
     def _fields(self, places: Places) -> PairFields:
         return PairFields.of(self.cfg, places)
@@ -96,11 +84,30 @@ class DPOTask(PreferenceTask):
         missing = [c for c in (cfg.chosen_field, cfg.rejected_field) if c not in columns]
         if missing:
             raise ConfigError(f"{origin} has no {' or '.join(repr(c) for c in missing)} column (it has "
-                              f"{', '.join(columns)}); task=dpo reads prompt/chosen/rejected pairs: set "
+                              f"{', '.join(columns)}); task={cfg.name} reads prompt/chosen/rejected pairs: set "
                               "task.prompt_field, task.chosen_field and task.rejected_field.")
 
     def _conversational(self, record: dict[str, Any]) -> bool:
         return conversational(record, self.cfg.prompt_field, self.cfg.chosen_field)
+
+
+class DPOTask(PairTask):
+    def __init__(self, cfg: DPOConfig):
+        super().__init__(cfg, reference_free=cfg.reference_free)
+        self.cfg: DPOConfig = cfg
+        self.objectives, self.weights = cfg.objectives(), cfg.weights()
+        self.metric_names = ("loss", *metric_names(self.objectives[0]))  # type: ignore[assignment]
+        self.nll = nll_kind(self.objectives, self._cpo_alpha)
+        """The NLL an objective reads (``answer``, ``whole``), None for none."""
+        self._step_scale: torch.Tensor | None = None
+        """The optimizer step's pairs over its NLL tokens (``begin_step``); None: the batch's own."""
+
+    @property
+    def _cpo_alpha(self) -> float:
+        alpha = self.cfg.cpo_alpha
+        return alpha if alpha is not None else 1.0 if LossType.cpo in self.objectives else 0.0
+
+    # -- data -------------------------------------------------------------------------------------------
 
     def _reference_key(self, key: str) -> str:
         return key if self.cfg.ld_alpha is None else digest(key, f"ld_alpha={self.cfg.ld_alpha}")

@@ -1,7 +1,8 @@
 """``task.rewards`` made callable, and called: each entry's function (or class, instantiated once) imported as a
 ``_target_`` task is (the working directory, ``PYTHONPATH``, an installed package), its extra keys bound as
-keyword arguments; or a reward model (``{reward_model: <folder>}``: a one-label sequence classifier whose
-first logit scores prompt + completion).
+keyword arguments; or a reward model (``{reward_model: <folder>}``: a ``task=reward_model`` export or any
+one-label sequence classifier, scored by ``app/tasks/reward_model/scorer.py``'s ``RewardScorer``, which formats
+prompt + completion as ``task=reward_model`` trains on them).
 
 A function is called as TRL calls it, once per generation batch on each process, for that process's
 completions: ``f(prompts=..., completions=..., completion_ids=..., **columns)`` — a prompt (as the data has
@@ -26,6 +27,7 @@ from app.config import ConfigError
 from app.tasks.external import import_target
 from app.tasks.grpo.advantages import RewardError, reward_column
 from app.tasks.grpo.config import RewardSpec
+from app.tasks.reward_model.scorer import RewardScorer
 
 PROMPT_SHOWN = 80
 """Characters of the first prompt a refusal quotes."""
@@ -40,47 +42,6 @@ class Reward:
     function: Callable[..., Any]
 
 
-class RewardModel:
-    """``{reward_model: <folder>}``: a one-label ``AutoModelForSequenceClassification`` (a ``task=reward_model``
-    export, or any), in evaluation mode on the policy's device; a completion's score is its first logit over
-    the prompt and the completion, formatted by the reward model's own chat template for a conversational
-    prompt (as TRL scores; a classifier without one: the turns' texts, one a line), else their texts joined."""
-
-    def __init__(self, folder: str):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(folder)
-            self.model = AutoModelForSequenceClassification.from_pretrained(folder).eval().requires_grad_(False)
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"reward_model={folder} cannot be loaded as a sequence classifier: "
-                              f"{str(err).splitlines()[0]}") from None
-        labels = self.model.config.num_labels
-        if labels != 1:
-            raise ConfigError(f"reward_model={folder} has {labels} labels; a reward model scores with one (its first "
-                              "logit is the reward): give a one-label sequence classifier.")
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-
-    @torch.no_grad()
-    def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
-        texts = []
-        templated = bool(getattr(self.tokenizer, "chat_template", None))
-        for prompt, completion in zip(prompts, completions, strict=True):
-            if isinstance(prompt, list) and templated:
-                texts.append(str(self.tokenizer.apply_chat_template([*prompt, *completion], tokenize=False)))
-            elif isinstance(prompt, list):  # a classifier without a template: the turns' texts, one a line
-                texts.append("\n".join(str(m.get("content", "")) for m in [*prompt, *completion]))
-            else:
-                texts.append(str(prompt) + str(completion))
-        inputs = self.tokenizer(texts, padding=True, truncation=True, return_tensors="pt",
-                                add_special_tokens=False).to(self.model.device)
-        return self.model(**inputs).logits[:, 0].float().tolist()
-
-    def to(self, device: torch.device) -> None:
-        self.model.to(device)
-
-
 def load_rewards(specs: Sequence[RewardSpec]) -> list[Reward]:
     """Each entry imported (a class instantiated once with its keyword arguments; a function bound to them)
     or its reward model loaded; one sentence for an entry that cannot be."""
@@ -88,7 +49,7 @@ def load_rewards(specs: Sequence[RewardSpec]) -> list[Reward]:
     for i, spec in enumerate(specs):
         label = f"task.rewards[{i}] ({spec.name})"
         if spec.reward_model is not None:
-            rewards.append(Reward(spec, label, RewardModel(spec.reward_model)))
+            rewards.append(Reward(spec, label, RewardScorer(spec.reward_model)))
             continue
         assert spec.target is not None  # read_reward: one of the two
         target = import_target(spec.target, f"task.rewards[{i}]._target_")
@@ -108,7 +69,7 @@ def load_rewards(specs: Sequence[RewardSpec]) -> list[Reward]:
 
 def place_reward_models(rewards: Sequence[Reward], device: torch.device) -> None:
     for reward in rewards:
-        if isinstance(reward.function, RewardModel):
+        if isinstance(reward.function, RewardScorer):
             reward.function.to(device)
 
 

@@ -394,7 +394,7 @@ class SFTTask(CausalLMTask):
 
     def _card_of_prompts(self, kind: str, conversational: bool) -> dict[str, str]:
         """The model card's base model, data (``kind``: what its rows are) and, for conversations, chat template:
-        what the tasks built on this one (dpo, grpo) say first."""
+        what the tasks built on this one (the preference tasks, grpo) say first."""
         cfg = self.cfg
         facts = {"base model": f"`{model_source(cfg)}`", "data": f"`{cfg.data_files.train or cfg.dataset or ''}` "
                  f"({kind}{', conversations' if conversational else ''})"}
