@@ -103,7 +103,9 @@ def distributed(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput") or config.getoption("dist", "no") != "no"
 
 
-SHARED_SCOPES = ("module", "class", "package")
+# A session-scoped fixture a module defines is its own too (test_slurm.py's cluster: two workers starting a cluster
+# each would hand the same job ids, and so the same MASTER_PORT, to two jobs at once).
+SHARED_SCOPES = ("session", "module", "class", "package")
 
 
 def shares_a_fixture_of_its_module(item: pytest.Item) -> bool:

@@ -414,6 +414,19 @@ def m_skip_first_batches_num_batches(tmp_path: Path) -> None:
     assert epoch(acc.skip_first_batches(acc.prepare(data()), num_batches=3)) == [[6, 7]]
 
 
+def m_expand_batches_batch_size(tmp_path: Path) -> None:
+    """The samples a micro-batch holds (what the loop's throughput counts): given, or the loader's batch size."""
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(data())  # batches of 2
+
+    def halves(batch, step):
+        return [tuple(t[i:i + 1] for t in batch) for i in range(2)]
+
+    assert acc.expand_batches(loader, halves, 2, list, batch_size=1).batch_size == 1
+    default = acc.expand_batches(loader, halves, 2, list)
+    assert default.batch_size == 2 and len(default) == 8 and [x.tolist() for x, _ in default][:2] == [[[0.0]], [[1.0]]]
+
+
 def m_unscale_gradients_optimizer(tmp_path: Path) -> None:
     acc = Accelerator(cpu=True)
     acc.precision = Fp16Precision("cpu")  # a loss-scaling precision (fp16 itself needs CUDA)
@@ -503,6 +516,7 @@ CASES: dict[str, Callable[[Path], None]] = {
     "reduce.scale": m_reduce_scale,
     "skip_first_batches.num_batches": m_skip_first_batches_num_batches,
     "unscale_gradients.optimizer": m_unscale_gradients_optimizer,
+    "expand_batches.batch_size": m_expand_batches_batch_size,
     "unwrap_model.keep_fp32_wrapper": m_unwrap_model,
     "unwrap_model.keep_torch_compile": m_unwrap_model,
     "on_process.function": m_process_selection,
