@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,11 @@ def test_the_scorer_formats_and_scores_as_training_does(tmp_path, chat_llama):
         with torch.no_grad():
             trained = task.scores(model, data.collate_fn(pairs)).T.flatten().tolist()
         assert scorer(prompts=prompts, completions=completions, other=[0] * 10) == pytest.approx(trained, abs=1e-5)
+        if form == "text":  # a pair longer than the model's positions: one sentence, nothing cut
+            scorer.model.config.max_position_embeddings = max(len(r) for r in scorer.token_rows(prompts, completions)) - 1
+            with pytest.raises(ConfigError, match=f"^reward_model={re.escape(str(folder))} reads at most .* tokens, and a prompt with "
+                                                  "its completion makes .*: give shorter prompts"):
+                scorer.score(prompts, completions)
 
 
 def test_options_are_checked():

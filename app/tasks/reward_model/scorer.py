@@ -113,6 +113,7 @@ class RewardScorer:
     def score(self, prompts: list[Any], completions: list[Any]) -> list[float]:
         """Each pair's score, in order (``batch_size`` pairs per forward pass)."""
         rows = self.token_rows(prompts, completions)
+        self._check_lengths(rows)
         device = next(self.model.parameters()).device
         scores: list[float] = []
         for start in range(0, len(rows), self.batch_size):
@@ -125,6 +126,17 @@ class RewardScorer:
             logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=False).logits
             scores.extend(logits[:, 0].float().tolist())
         return scores
+
+    def _check_lengths(self, rows: list[list[int]]) -> None:
+        """A row longer than the model's positions is refused in one sentence, not cut: a cut would drop
+        either the completion's end (where a causal LM's score is read) or the prompt's start (a BERT-like
+        model's first token)."""
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        longest = max((len(row) for row in rows), default=0)
+        if isinstance(limit, int) and longest > limit:
+            raise ConfigError(f"reward_model={self.folder} reads at most {limit} tokens, and a prompt with its "
+                              f"completion makes {longest}: give shorter prompts or task.max_completion_length, or a "
+                              "reward model with more positions.")
 
     def __call__(self, prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
         """The scores as a TRL reward function returns them (other columns are not read)."""
