@@ -50,9 +50,12 @@ def launch_app(*overrides: str, run_dir: Path) -> float | None:
     app's fork server, already warm after this process's first launch, not from a new interpreter.
     For tests whose claim is the run's result rather than the command line (no ``.hydra/`` nor
     ``app.log`` is written; paths in ``overrides`` are taken from this process's folder)."""
+    from app.cli.configure import limits_as_given
     from app.launching.launch import launch
 
-    return launch(compose_config(*overrides), run_dir)
+    cfg = compose_config(*overrides)
+    limits_as_given(cfg, overrides)  # what the command line does after composing: trainer.max_steps alone decides
+    return launch(cfg, run_dir)
 
 
 @pytest.fixture

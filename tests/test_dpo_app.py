@@ -115,7 +115,7 @@ def test_lora_with_the_base_as_reference_trains_and_exports_its_adapter(prefs):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: task.reference=base is the model with its LoRA adapters disabled, and this run has none: give "
-        "adapter=lora, or task.reference=copy or precomputed.")
+        "adapter=lora, or task.reference=copy, precomputed or a model folder.")
     assert not (prefs / "no").exists()  # refused at start-up: no metrics.jsonl, no tensorboard/ left behind
 
 

@@ -207,8 +207,9 @@ def test_one_sgd_step_under_fsdp2_is_batch_8s_update(tmp_path, reward_start):
 def test_killed_mid_save_and_resumed_ends_with_the_uninterrupted_weights(tmp_path, reward_start, hardware):
     """task=sft's drill (9 AdamW steps, packed, SIGKILLed half-way through the second save, resumed from step
     3): packed pairs, margins and the centring term end with the uninterrupted run's weights, bit for bit."""
-    more = next(a for a in reward_start if a.startswith("task.data_files.train=")).replace("train.jsonl", "more.jsonl")
-    assert_bitwise_equal(*killed_and_resumed(tmp_path, reward_start, more, *hardware))
+    more = tuple(a.replace("train.jsonl", "more.jsonl") if a.startswith("task.data_files.train=") else a
+                 for a in reward_start)
+    assert_bitwise_equal(*killed_and_resumed(tmp_path, more, *hardware))
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ As a script (root only)::
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -121,6 +122,10 @@ class SlurmCluster:
             f"ClusterName=apptest{os.getpid()}",
             f"SlurmctldHost={host}",
             f"SlurmctldPort={ports[0]}",
+            # Job ids of this cluster's own: a job's MASTER_PORT is derived from its id (app/launching/slurm.py),
+            # and two clusters numbering from 1 (two xdist workers, or a previous session's straggler) would
+            # give two jobs one port (ids up to 12,000: ports below the ephemeral range, 32768 up).
+            f"FirstJobId={random.randrange(1000, 12000)}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",

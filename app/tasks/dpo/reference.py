@@ -77,7 +77,7 @@ def peft_model_in(model: nn.Module) -> Any:
         if type(module).__module__.startswith("peft.") and hasattr(module, "disable_adapter"):
             return module  # a PeftModel (peft is imported only where adapter=lora put it there)
     raise ConfigError("task.reference=base is the model with its LoRA adapters disabled, and this run has none: "
-                      "give adapter=lora, or task.reference=copy or precomputed.")
+                      "give adapter=lora, or task.reference=copy, precomputed or a model folder.")
 
 
 class Precomputed:
