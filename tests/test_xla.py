@@ -650,6 +650,41 @@ def test_dpo_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports(chat_fi
 
 
 @needs_xla
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_reward_model_in_bf16_compiles_nothing_new_in_its_third_epoch_and_exports(chat_files, tmp_path, monkeypatch):
+    """``python -m app task=reward_model hardware=tpu precision=bf16``: both sides of each pair padded to
+    task.block_size; epoch 3 compiles nothing new, and the export, loaded by Transformers alone and scored on
+    the host in float32, ranks the evaluation pairs as the run measured (within bf16's error). That it learns
+    is shown on the CPU (tests/test_reward_model_app.py): 12 steps of this toy set move the loss little."""
+    from app.tasks.reward_model.scorer import RewardScorer
+    from tests.helpers.dpo_pairs import preference_rows
+
+    data = (f"task.config={chat_files / 'base'}", f"task.data_files.train={chat_files / 'prefs.jsonl'}",
+            f"task.data_files.validation={chat_files / 'prefs_val.jsonl'}", "task.block_size=128",
+            f"task.cache_dir={chat_files / 'cache'}")
+    run_dir = tmp_path / "run"
+    at = run_recorded(monkeypatch, "task=reward_model", "hardware=tpu", "precision=bf16", *data,
+                      "trainer.max_epochs=3", "trainer.batch_size=8", *SAME_EPOCHS, "trainer.log_every_n_steps=4",
+                      "optim.lr=3e-3", run_dir=run_dir)
+    assert sorted(at) == [4, 8, 12], sorted(at)  # 32 pairs by 8, one evaluation per epoch
+    graphs, reads = [g for g, _, _ in at.values()], [r for _, r, _ in at.values()]
+    assert graphs[2] == graphs[1], graphs
+    assert reads[2] - reads[1] == reads[1] - reads[0] <= 20, reads
+    metrics = [m for _, _, m in at.values()]
+    assert all(m["eval/num_samples"] == 8 for m in metrics)
+    assert metrics[2]["eval/loss"] != metrics[0]["eval/loss"]  # trained
+
+    rows = preference_rows(8, seed=7)  # prefs_val.jsonl's pairs
+    scorer = RewardScorer(run_dir / "model")
+    chosen = scorer.score([r["prompt"] for r in rows], [r["chosen"] for r in rows])
+    rejected = scorer.score([r["prompt"] for r in rows], [r["rejected"] for r in rows])
+    margins = [c - r for c, r in zip(chosen, rejected, strict=True)]
+    assert sum(m > 0 for m in margins) / 8 == metrics[2]["eval/accuracy"]
+    assert sum(margins) / 8 == pytest.approx(metrics[2]["eval/margin"], abs=0.05 + 0.02 * abs(metrics[2]["eval/margin"]))
+
+
+@needs_xla
 @pytest.mark.timeout(300)
 def test_the_chunked_loss_on_xla_has_the_plain_loss_gradients(chat_files):
     """task.loss_chunk on the XLA device (torch_xla's checkpoint recomputes each chunk in backward):
