@@ -29,13 +29,15 @@ N, B, SAVED_AT, MORE = 64, 4, 3, 4
 """Samples, per-process batch on 2 processes, optimizer steps before the save, steps after it."""
 
 
-def build(acc: Accelerator, batch: int) -> tuple[Any, ...]:
+def build(acc: Accelerator, batch: int, stateless: bool = False) -> tuple[Any, ...]:
+    """The model, optimizer, loader and schedule; ``stateless``: SGD without momentum (no tensor per parameter)."""
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
     data = TensorDataset(torch.randn(N, 6, generator=generator), torch.randint(0, 3, (N,), generator=generator),
                          torch.arange(N))
     model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.3), nn.Linear(16, 3))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.0) if stateless
+                 else torch.optim.AdamW(model.parameters(), lr=1e-2))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
     return acc.prepare(model, optimizer, DataLoader(data, batch_size=batch, shuffle=True), scheduler)
 
@@ -74,8 +76,9 @@ def assert_same_state(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def runtime(kind: str) -> tuple[Accelerator, Any]:
-    """A fresh Accelerator for ``kind`` (``ddp`` or ``fsdp``) and the matching weight snapshot."""
-    if kind == "fsdp":
+    """A fresh Accelerator for ``kind`` (``ddp`` or ``fsdp``, ``-sgd`` for SGD without momentum) and the matching
+    weight snapshot."""
+    if kind.startswith("fsdp"):
         from tests.helpers.distributed_helpers import fsdp_backend
 
         return Accelerator(backend=fsdp_backend(), seed=5, scale_scheduler_by_processes=False), full_snapshot
@@ -84,7 +87,7 @@ def runtime(kind: str) -> tuple[Accelerator, Any]:
 
 def save_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
     acc, snap = runtime(kind)
-    parts = build(acc, B)
+    parts = build(acc, B, stateless=kind.endswith("-sgd"))
     batches = iter(parts[2])
     train(acc, parts, batches, SAVED_AT)
     saved = snap(acc, parts)
@@ -95,7 +98,7 @@ def save_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
 
 def load_then_continue(folder: str, kind: str = "ddp") -> dict[str, Any]:
     acc, snap = runtime(kind)
-    parts = build(acc, B)
+    parts = build(acc, B, stateless=kind.endswith("-sgd"))
     acc.load_state(folder)
     loaded = snap(acc, parts)
     losses, seen = train(acc, parts, iter(parts[2]), MORE)
@@ -218,3 +221,15 @@ def test_fsdp_checkpoint_is_sharded_and_resumes_exactly_and_on_one_process(tmp_p
     parts = build(acc, 2 * B)
     acc.load_state(folder)
     assert_same_state(snapshot(acc, parts), uninterrupted[0]["saved"])
+
+
+@pytest.mark.timeout(240)
+def test_fsdp_resumes_an_optimizer_without_per_parameter_tensors_exactly(tmp_path):
+    """SGD without momentum keeps no tensor per parameter, which torch.distributed.checkpoint cannot place
+    ("Expected device to be set"): its groups' settings are loaded, and the run goes on as uninterrupted."""
+    folder = str(tmp_path / "checkpoint")
+    uninterrupted = on_processes(save_then_continue, folder, "fsdp-sgd")
+    resumed = on_processes(load_then_continue, folder, "fsdp-sgd")
+    assert_same_state(resumed[0]["loaded"], uninterrupted[0]["saved"])
+    assert [r["losses"] for r in resumed] == [r["losses"] for r in uninterrupted]
+    assert_same_state(resumed[0]["final"], uninterrupted[0]["final"])

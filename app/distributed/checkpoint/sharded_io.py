@@ -133,6 +133,14 @@ class ShardedStateIO:
                                       f"(no parameter {err}).") from None
 
         self._on_rank0_for_all(read)
+        # An optimizer that keeps no tensor per parameter (SGD without momentum) has only its groups' settings
+        # to load: torch.distributed.checkpoint cannot place a state without a tensor ("Expected device to be set").
+        groups = self.backend.broadcast_object(
+            state["param_groups"] if self.backend.process_index == 0 and not holds_tensors(state.get("state", {})) else None,
+            src=0)
+        if groups is not None:
+            load_group_settings(optimizer, groups, f"the {name} state in {folder}")
+            return
         try:
             set_optimizer_state_dict(model, optimizer, state,
                                      options=_options(full_state_dict=True, broadcast_from_rank0=True))
@@ -152,6 +160,22 @@ class ShardedStateIO:
         problem = self.backend.broadcast_object(problem, src=0)
         if problem is not None:
             raise CheckpointError(problem)
+
+
+def holds_tensors(per_parameter: dict[str, Any]) -> bool:
+    """Whether an optimizer state (per parameter) holds a tensor with at least one dimension."""
+    return any(isinstance(value, torch.Tensor) and value.dim() > 0
+               for values in per_parameter.values() for value in values.values())
+
+
+def load_group_settings(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], what: str) -> None:
+    """The saved parameter groups' settings (learning rate, momentum... all but their parameters) into
+    ``optimizer``'s groups, in order."""
+    if len(groups) != len(optimizer.param_groups):
+        raise CheckpointError(f"{what} has {len(groups)} parameter group(s) and this optimizer "
+                              f"{len(optimizer.param_groups)}: it was saved with a different optimizer setup.")
+    for group, saved in zip(optimizer.param_groups, groups, strict=True):
+        group.update({key: value for key, value in saved.items() if key != "params"})
 
 
 @dataclass
