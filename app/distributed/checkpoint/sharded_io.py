@@ -28,6 +28,7 @@ from app.distributed.checkpoint.layouts import (
     by_parameter_name,
     check_compatible,
     full_model_files,
+    keep_implementation,
     read_full_model_state,
     saved_part,
     sharded_shapes,
@@ -169,11 +170,13 @@ def holds_tensors(per_parameter: dict[str, Any]) -> bool:
 
 
 def load_group_settings(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]], what: str) -> None:
-    """The saved parameter groups' settings (learning rate, momentum... all but their parameters) into
-    ``optimizer``'s groups, in order."""
+    """The saved parameter groups' settings (learning rate, momentum... all but their parameters, and with this
+    run's kernel choices: ``layouts.keep_implementation``, as a plain load keeps them) into ``optimizer``'s groups,
+    in order."""
     if len(groups) != len(optimizer.param_groups):
         raise CheckpointError(f"{what} has {len(groups)} parameter group(s) and this optimizer "
                               f"{len(optimizer.param_groups)}: it was saved with a different optimizer setup.")
+    groups = keep_implementation({"param_groups": groups}, optimizer)["param_groups"]
     for group, saved in zip(optimizer.param_groups, groups, strict=True):
         group.update({key: value for key, value in saved.items() if key != "params"})
 
