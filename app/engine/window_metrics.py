@@ -59,6 +59,8 @@ def add_sample_extremes(acc: Any, sums: MetricSums, minima: dict[str, torch.Tens
     """Fold a micro-batch's per-sample minima and maxima (this process's real samples) into the window's running
     ones, on the device; a micro-batch with no real sample on this process adds the neutral ±inf, so that every
     process holds the same names."""
+    if not minima and not maxima:  # most tasks keep no extremes: nothing to do on the step's hot path
+        return
     # Tensor.min()/max(), not torch.amin/amax: torch_xla 2.9's amin/amax without a dim return the tensor unreduced.
     for suffix, by_name, extreme, keep in ((MIN, minima, torch.Tensor.min, torch.minimum),
                                            (MAX, maxima, torch.Tensor.max, torch.maximum)):
