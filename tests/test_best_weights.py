@@ -93,7 +93,10 @@ def test_with_a_weight_average_the_export_is_the_average_the_best_evaluation_mea
 def test_a_better_evaluation_replaces_the_kept_one_and_a_tie_does_not(at_the_best, tmp_path, monkeypatch):
     """Scripted evaluations (the weights, saves and export are real): 0.5 at step 10, 0.7 at 20, a tie
     at 30, 0.6, then 0.9 at 50 and 0.8 at the final step 55. The kept weights move from step 10 to 20 to
-    50; step 20's stay while the epoch checkpoint (45) records it as its run's best, and go with it."""
+    50; step 20's stay while the epoch checkpoint (45) records it as its run's best, and go with it.
+    Saves are synchronous here: with ``checkpoint.async_save`` a save completes whenever its writer
+    thread does, and a save of step 10 completing after step 20's evaluation rightly prunes step 10's
+    weights at once (the sequence below is then one entry shorter, as CI once saw under load)."""
     from app.engine import loop
 
     scores = iter([0.5, 0.7, 0.7, 0.6, 0.9, 0.8])
@@ -107,7 +110,8 @@ def test_a_better_evaluation_replaces_the_kept_one_and_a_tie_does_not(at_the_bes
         return removed
 
     monkeypatch.setattr(best, "prune", prune)
-    args = (*FIRST_IS_BEST, "early_stopping.monitor=eval/accuracy", "checkpoint.total_limit=1")
+    args = (*FIRST_IS_BEST, "early_stopping.monitor=eval/accuracy", "checkpoint.total_limit=1",
+            "checkpoint.async_save=false")
     run(compose_config(*args, "trainer.max_steps=55"), tmp_path)
     said = described(tmp_path)
     assert (said["step"], said["metric"]["value"], said["checkpoint"]) == (50, 0.9, "best_50")
