@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,15 +73,61 @@ def text_model(tmp_path_factory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("text_bert"), vocabulary_text())
 
 
+# -- every test on the same threads -----------------------------------------------------------------------
+
+
+def worker_threads(config: pytest.Config) -> int | None:
+    """torch's intra-op threads in an xdist worker: its share of the cores (the app's rule for processes
+    sharing a machine). None outside xdist: torch's default."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    return max(1, len(os.sched_getaffinity(0)) // int(workers)) if workers else None
+
+
+THREADS_AT_START: dict[str, int] = {}
+
+
+def same_threads(config: pytest.Config) -> Iterator[None]:
+    import torch
+
+    threads = worker_threads(config) or THREADS_AT_START.setdefault("torch", torch.get_num_threads())
+    torch.set_num_threads(threads)
+    yield
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module's shared fixtures start on the worker's threads: an in-process run sets its own and keeps
+    them (app/engine/threads.py), and float results must not depend on which tests ran before."""
+    yield from same_threads(request.config)
+
+
+@pytest.fixture(autouse=True)
+def test_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """So does each test."""
+    yield from same_threads(request.config)
+
+
 # -- the suite on every core ------------------------------------------------------------------------------
+
+
+EVERYDAY = "not slow"
+"""What ``python -m pytest -q`` runs when no ``-m`` is given: every test but the long end-to-end ones
+(``slow``: the kill-and-resume drills on two processes, the SLURM cluster, sweeps of multi-process
+jobs), which ``python -m pytest -q -m slow`` runs and ``.ci/run`` runs right after."""
+
+
+def whole_suite(config: pytest.Config) -> bool:
+    """Whether the session runs the suite (no arguments, or folders of tests) rather than named files or tests."""
+    named = config.args_source == pytest.Config.ArgsSource.ARGS
+    return not named or all(Path(arg).is_dir() for arg in config.args)
 
 
 def suite_workers(config: pytest.Config) -> int:
     """How many pytest-xdist workers run a whole-suite (or marker-selected) session: one per core this
     process may use. A session naming files or tests (``pytest tests/test_foo.py``) stays in one process,
     as does one with ``-s`` or ``--pdb`` (their output and prompts are the terminal's)."""
-    named = config.args_source == pytest.Config.ArgsSource.ARGS
-    if named and not all(Path(arg).is_dir() for arg in config.args):  # a folder of tests is a suite too
+    if not whole_suite(config):
         return 0
     if config.getoption("capture") == "no" or config.getoption("usepdb"):
         return 0
@@ -92,13 +139,22 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     """``python -m pytest -q`` runs the suite on one pytest-xdist worker per core (tests grouped with
     ``xdist_group`` run on one worker, in order); ``-n N`` chooses, ``-n 0`` or ``-p no:xdist`` runs in
     one process, and so does a session that names files or tests."""
-    if hasattr(config, "workerinput"):  # a worker: it runs what it is sent
+    if hasattr(config, "workerinput"):  # a worker: it runs what it is sent, and selects as the session does
+        config.option.markexpr = config.workerinput.get("markexpr", config.option.markexpr)
         return
+    if whole_suite(config) and not config.option.markexpr:
+        config.option.markexpr = EVERYDAY
     if not config.pluginmanager.hasplugin("xdist") or config.getoption("numprocesses") is not None:
         return
     config.option.numprocesses = suite_workers(config)
     if config.option.numprocesses and config.getoption("dist") == "no":
         config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """An xdist worker parses the command line again: it is handed the session's marker selection."""
+    node.workerinput["markexpr"] = node.config.option.markexpr
 
 
 def distributed(config: pytest.Config) -> bool:
@@ -132,6 +188,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shares_a_fixture_of_its_module(item) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(item.getparent(pytest.Module).nodeid))
     items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("slow", "multiprocess")))
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if hasattr(config, "workerinput") or config.option.markexpr != EVERYDAY:
+        return None
+    return ("the everyday suite: every test but the slow end-to-end ones, which `python -m pytest -q -m slow` runs "
+            "(.ci/run runs both)")
 
 
 # -- a busy machine, on request --------------------------------------------------------------------------

@@ -59,6 +59,7 @@ def same_data(ours: dict[str, Any], theirs: dict[str, Any], key: str) -> None:
     assert ours[key] == theirs[key], f"rank {ours['rank']} of {ours['world']}: {key} differs from accelerate's"
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("processes", [1, 2])
@@ -103,6 +104,7 @@ def test_the_engines_seed_keeps_the_global_rng_untouched() -> None:
     assert torch.equal(torch.get_rng_state(), before)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("processes", [1, 2])
@@ -121,6 +123,7 @@ def test_shuffled_loaders_give_accelerates_batches_per_rank(runs, processes: int
         assert set(seen) == set(range(13)) and len(seen) == 18  # 13 samples in 3 global steps of 6
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("processes", [1, 2])
@@ -140,6 +143,7 @@ def message(line: str) -> str:
     return line.split(" ", 3)[3]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_logger_keywords_on_two_processes_as_accelerate(runs) -> None:

@@ -152,6 +152,7 @@ def _assert_one_run(tmp_path: Path, procs: list[subprocess.Popen[str]], outputs:
     return run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_torchrun_two_nodes_on_localhost_share_one_run_folder(tmp_path: Path) -> None:
     args = ["hardware=multi_cpu", "hardware.num_processes=1", "hardware.num_nodes=2", *QUICK]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,8 @@ def worker(folder: str) -> dict[str, Any]:
     ddp = ddp_backend()
     fsdp = fsdp_backend()  # joins the group the DDP backend made
     try:
-        return {"ddp": both_modes(ddp, Path(folder)), "fsdp": both_modes(fsdp, Path(folder))}
+        return {"ddp": both_modes(ddp, Path(folder)), "fsdp": both_modes(fsdp, Path(folder)),
+                "threads": torch.get_num_threads()}
     finally:
         ddp.shutdown()
 
@@ -105,12 +107,26 @@ def folder(tmp_path_factory) -> Path:
     return folder
 
 
+def process_threads() -> int:
+    """The intra-op threads each of the 2 processes runs on (the launcher's rule, app/workers/processes.py):
+    a sum over a row's tokens is exact to 1e-6 only when both sides add in the same order."""
+    from app.this_process import available_cores
+
+    cap = os.environ.get("OMP_NUM_THREADS", "")
+    return int(cap) if cap.isdigit() else max(1, available_cores() // 2)
+
+
 @pytest.fixture(scope="module")
 def one_process(folder) -> dict[str, Any]:
     from app.distributed import Accelerator
 
-    runtime = Accelerator()
-    return {mode: first_step(runtime, folder, mode) for mode in ("copy", "precomputed")}
+    runtime, threads = Accelerator(), torch.get_num_threads()
+    torch.set_num_threads(process_threads())
+    try:
+        found = {mode: first_step(runtime, folder, mode) for mode in ("copy", "precomputed")}
+        return {**found, "threads": torch.get_num_threads()}
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +136,11 @@ def two_processes(folder, one_process) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def close(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and float((a - b).abs().max()) < 1e-6
+
+
+@pytest.mark.timeout(300)
+def test_both_sides_add_on_the_same_threads(one_process, two_processes):
+    assert [rank["threads"] for rank in two_processes] == [one_process["threads"]] * 2
 
 
 @pytest.mark.timeout(300)

@@ -50,7 +50,7 @@ def test_eval_mode_with_predict_test_writes_one_prediction_per_test_row(tmp_path
             "task.data_files.test=test.csv", "task.text_fields=[question,answer]", f"task.model={text_model}")
     quiet = ("logging.trackers=[]", "logging.progress_bar=false", "logging.print_config=false")
     # Trained without predictions (docs/tasks.md's first command), then asked for them in mode=eval.
-    run_app(*data, "trainer.max_steps=30", "optim.lr=3e-3", "hydra.run.dir=trained", *quiet, cwd=tmp_path,
+    run_app(*data, "trainer.max_steps=10", "optim.lr=3e-3", "hydra.run.dir=trained", *quiet, cwd=tmp_path,
             check=True, timeout=200)
     assert not (tmp_path / "trained" / "test_predictions.tsv").exists()
     proc = run_app("mode=eval", "resume=trained", "task.predict_test=true", "hydra.run.dir=evaluated", *quiet,
@@ -61,7 +61,7 @@ def test_eval_mode_with_predict_test_writes_one_prediction_per_test_row(tmp_path
     assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(23)]
     assert {line.split("\t")[1] for line in lines[1:]} <= {"yes", "no"}
     # The same weights a training run with task.predict_test=true predicts with (its export: the best).
-    run_app(*data, "trainer.max_steps=30", "optim.lr=3e-3", "task.predict_test=true", "hydra.run.dir=predicted",
+    run_app(*data, "trainer.max_steps=10", "optim.lr=3e-3", "task.predict_test=true", "hydra.run.dir=predicted",
             *quiet, cwd=tmp_path, check=True, timeout=200)
     assert (tmp_path / "predicted" / "test_predictions.tsv").read_text().splitlines() == lines
 

@@ -48,6 +48,7 @@ def evaluations(run: Path) -> list[dict]:
     return [e for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in e]
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(400)
 def test_the_tabular_example_trains_resumes_evaluates_and_sweeps_from_its_own_folder(example, monkeypatch):

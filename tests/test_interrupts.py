@@ -127,6 +127,7 @@ def test_sigint_sigterm_and_sigusr1_save_exit_130_143_138_and_resume_exactly(tmp
     assert steps == list(range(1, target + 1))  # each step logged once across the three processes
 
 
+@pytest.mark.slow
 @pytest.mark.signals
 @pytest.mark.multiprocess
 @pytest.mark.timeout(420)  # five runs; under heavy load each can take a minute

@@ -201,6 +201,7 @@ def test_a_sweep_keeps_each_jobs_config_tree_and_details_to_its_log(tmp_path):
         assert "├── trainer" in log, log  # each job's tree: in its own log
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_other_libraries_chatter_stays_off_the_terminal_and_goes_to_app_log(tmp_path, text_model):
     pytest.importorskip("peft")
