@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,36 +76,39 @@ def text_model(tmp_path_factory) -> Path:
 # -- every test on the same threads -----------------------------------------------------------------------
 
 
-def worker_threads(config: pytest.Config) -> int | None:
-    """torch's intra-op threads in an xdist worker: its share of the cores (the app's rule for processes
-    sharing a machine). None outside xdist: torch's default."""
+def worker_threads(config: pytest.Config) -> int:
+    """torch's intra-op threads for a test: in an xdist worker its share of the cores (the app's rule for
+    processes sharing a machine), else torch's default as the session started."""
+    from app.this_process import available_cores
+
     workers = getattr(config, "workerinput", {}).get("workercount")
-    return max(1, len(os.sched_getaffinity(0)) // int(workers)) if workers else None
+    return max(1, available_cores() // int(workers)) if workers else default_threads()
 
 
-THREADS_AT_START: dict[str, int] = {}
-
-
-def same_threads(config: pytest.Config) -> Iterator[None]:
+@functools.cache
+def default_threads() -> int:
     import torch
 
-    threads = worker_threads(config) or THREADS_AT_START.setdefault("torch", torch.get_num_threads())
-    torch.set_num_threads(threads)
-    yield
+    return torch.get_num_threads()
 
+
+def use_worker_threads(config: pytest.Config) -> None:
+    import torch
+
+    torch.set_num_threads(worker_threads(config))
 
 
 @pytest.fixture(autouse=True, scope="module")
-def module_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+def module_threads(request: pytest.FixtureRequest) -> None:
     """A module's shared fixtures start on the worker's threads: an in-process run sets its own and keeps
     them (app/engine/threads.py), and float results must not depend on which tests ran before."""
-    yield from same_threads(request.config)
+    use_worker_threads(request.config)
 
 
 @pytest.fixture(autouse=True)
-def test_threads(request: pytest.FixtureRequest) -> Iterator[None]:
+def test_threads(request: pytest.FixtureRequest) -> None:
     """So does each test."""
-    yield from same_threads(request.config)
+    use_worker_threads(request.config)
 
 
 # -- the suite on every core ------------------------------------------------------------------------------

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -107,21 +106,14 @@ def folder(tmp_path_factory) -> Path:
     return folder
 
 
-def process_threads() -> int:
-    """The intra-op threads each of the 2 processes runs on (the launcher's rule, app/workers/processes.py):
-    a sum over a row's tokens is exact to 1e-6 only when both sides add in the same order."""
-    from app.this_process import available_cores
-
-    cap = os.environ.get("OMP_NUM_THREADS", "")
-    return int(cap) if cap.isdigit() else max(1, available_cores() // 2)
-
-
 @pytest.fixture(scope="module")
-def one_process(folder) -> dict[str, Any]:
+def one_process(folder, two_processes) -> dict[str, Any]:
+    """On the threads each of the 2 processes ran on: a sum over a row's tokens is exact to 1e-6 only when
+    both sides add in the same order."""
     from app.distributed import Accelerator
 
     runtime, threads = Accelerator(), torch.get_num_threads()
-    torch.set_num_threads(process_threads())
+    torch.set_num_threads(two_processes[0]["threads"])
     try:
         found = {mode: first_step(runtime, folder, mode) for mode in ("copy", "precomputed")}
         return {**found, "threads": torch.get_num_threads()}
@@ -130,7 +122,7 @@ def one_process(folder) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def two_processes(folder, one_process) -> tuple[dict[str, Any], dict[str, Any]]:
+def two_processes(folder) -> tuple[dict[str, Any], dict[str, Any]]:
     return tuple(on_processes(worker, str(folder)))  # type: ignore[return-value]
 
 
